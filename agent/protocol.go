@@ -1,0 +1,102 @@
+// Package agent is the small program that runs as the sandbox's first
+// process, and the protocol the host uses to talk to it.
+//
+// It has a home of its own because both sides of the sandbox boundary use
+// it: cmd/safe-run-agent runs Serve inside gVisor, and the runtime package
+// speaks the protocol from the host. Keeping it apart lets the agent binary
+// stay small and static, linking nothing of the host side.
+//
+// The protocol is newline-delimited JSON over the agent's stdin and stdout.
+// The agent first sends an Event with Ready set. The host then sends a
+// Request; the agent answers with Output events while the program runs and
+// one Event with Exit set when it is over. In one-shot mode the agent then
+// exits; otherwise it waits for the next Request, so a later caller can keep
+// one sandbox for many runs.
+//
+// Everything inside the sandbox, the agent included, runs as the same
+// unprivileged user as the untrusted code and could be subverted by it. The
+// host therefore treats every Event as untrusted input: it bounds sizes,
+// validates fields and keeps its own deadline.
+package agent
+
+import "time"
+
+// Request asks the agent to run one program.
+type Request struct {
+	// Files are written below Workdir before the program starts.
+	Files []File `json:"files,omitempty"`
+	// Argv is the program and its arguments; Argv[0] is looked up in PATH.
+	Argv []string `json:"argv"`
+	// Env is added to the agent's own environment for this program.
+	Env []string `json:"env,omitempty"`
+	// Stdin is the program's standard input.
+	Stdin []byte `json:"stdin,omitempty"`
+	// Timeout is the program's wall-clock limit.
+	Timeout time.Duration `json:"timeout"`
+	// OutputBytes caps what is kept of stdout and of stderr, each.
+	OutputBytes int64 `json:"output_bytes"`
+}
+
+// File is a file to write into the workspace.
+type File struct {
+	// Path is relative to the workspace.
+	Path string `json:"path"`
+	Data []byte `json:"data,omitempty"`
+	// Mode is the permission bits, 0644 when zero.
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// Event is one message from the agent; exactly one field is set.
+type Event struct {
+	Ready  *Ready  `json:"ready,omitempty"`
+	Output *Output `json:"output,omitempty"`
+	Exit   *Exit   `json:"exit,omitempty"`
+}
+
+// Ready says the agent is up and waiting for a Request.
+type Ready struct {
+	// Version is the agent's protocol version.
+	Version int `json:"version"`
+}
+
+// ProtocolVersion is the Ready.Version of this agent.
+const ProtocolVersion = 1
+
+// Stream names an output stream.
+type Stream string
+
+// The program's output streams.
+const (
+	Stdout Stream = "stdout"
+	Stderr Stream = "stderr"
+)
+
+// Output carries bytes the program wrote, in order, from the head of a
+// stream: once a stream has produced half its cap, the rest of it is held
+// back and only its tail is sent, in Exit.
+type Output struct {
+	Stream Stream `json:"stream"`
+	Data   []byte `json:"data"`
+}
+
+// Exit ends one run.
+type Exit struct {
+	// Code is the program's exit code, or -1 if a signal killed it.
+	Code int `json:"code"`
+	// Signal names the signal that killed the program, e.g. "SIGKILL".
+	Signal string `json:"signal,omitempty"`
+	// TimedOut says the agent killed the program at its timeout.
+	TimedOut bool `json:"timed_out,omitempty"`
+	// StdoutBytes and StderrBytes count everything the program wrote.
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// StdoutTail and StderrTail are the ends of the streams that followed
+	// the head sent in Output events, at most half the cap each.
+	StdoutTail []byte `json:"stdout_tail,omitempty"`
+	StderrTail []byte `json:"stderr_tail,omitempty"`
+	// Error says why the program could not be run at all, e.g. the
+	// interpreter is missing from the image.
+	Error string `json:"error,omitempty"`
+	// Duration is the program's wall time as the agent measured it.
+	Duration time.Duration `json:"duration"`
+}

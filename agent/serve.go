@@ -1,0 +1,323 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Config says how the agent serves requests.
+type Config struct {
+	// Workdir is where files are written and programs run.
+	Workdir string
+	// OneShot makes Serve return after one request. At the end of that run
+	// every other process in the sandbox is killed, so nothing the program
+	// started outlives it.
+	OneShot bool
+}
+
+// Serve answers requests read from r with events written to w until r ends
+// (or after one request in one-shot mode). It must run as the sandbox's
+// first process: it reaps orphaned processes, as init does.
+func Serve(r io.Reader, w io.Writer, cfg Config) error {
+	s := &server{cfg: cfg, enc: json.NewEncoder(w), reaper: newReaper()}
+	if err := s.send(Event{Ready: &Ready{Version: ProtocolVersion}}); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(r)
+	for {
+		var req Request
+		if err := dec.Decode(&req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("read request: %w", err)
+		}
+		exit := s.run(&req)
+		if err := s.send(Event{Exit: exit}); err != nil {
+			return err
+		}
+		if cfg.OneShot {
+			return nil
+		}
+	}
+}
+
+type server struct {
+	cfg    Config
+	mu     sync.Mutex // serialises writes to enc
+	enc    *json.Encoder
+	reaper *reaper
+}
+
+func (s *server) send(ev Event) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.enc.Encode(ev); err != nil {
+		return fmt.Errorf("send event: %w", err)
+	}
+	return nil
+}
+
+// run runs one request to completion and describes how it ended.
+func (s *server) run(req *Request) *Exit {
+	if err := writeFiles(s.cfg.Workdir, req.Files); err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	if len(req.Argv) == 0 || req.Timeout <= 0 {
+		return &Exit{Code: -1, Error: "invalid request: argv and a positive timeout are required"}
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	argv0, err := lookPath(req.Argv[0])
+	if err != nil {
+		closeAll(outR, outW, errR, errW, inR, inW)
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+
+	start := time.Now()
+	s.reaper.mu.Lock() // hold reaping until the pid is registered
+	proc, err := os.StartProcess(argv0, req.Argv, &os.ProcAttr{
+		Dir:   s.cfg.Workdir,
+		Env:   append(os.Environ(), req.Env...),
+		Files: []*os.File{inR, outW, errW},
+		Sys:   &syscall.SysProcAttr{Setpgid: true},
+	})
+	var done <-chan unix.WaitStatus
+	if err == nil {
+		done = s.reaper.expectLocked(proc.Pid)
+	}
+	s.reaper.mu.Unlock()
+	closeAll(inR, outW, errW)
+	if err != nil {
+		closeAll(outR, errR, inW)
+		return &Exit{Code: -1, Error: fmt.Sprintf("start %s: %v", req.Argv[0], err)}
+	}
+
+	go func() {
+		// The program may exit without reading its input; EPIPE ends this.
+		_, _ = inW.Write(req.Stdin)
+		inW.Close()
+	}()
+	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
+	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() { defer readers.Done(); stdout.drain(outR) }()
+	go func() { defer readers.Done(); stderr.drain(errR) }()
+
+	exit := &Exit{}
+	var ws unix.WaitStatus
+	timer := time.NewTimer(req.Timeout)
+	select {
+	case ws = <-done:
+		timer.Stop()
+	case <-timer.C:
+		exit.TimedOut = true
+		s.killRun(proc.Pid)
+		ws = <-done
+	}
+	exit.Duration = time.Since(start)
+	// Whatever the program left running goes now, or its pipes never close.
+	s.killRun(proc.Pid)
+	_ = proc.Release() // after the last use of proc.Pid, which Release resets
+	waitOrClose(&readers, 200*time.Millisecond, outR, errR)
+
+	switch {
+	case ws.Signaled():
+		exit.Code = -1
+		exit.Signal = unix.SignalName(ws.Signal())
+	default:
+		exit.Code = ws.ExitStatus()
+	}
+	exit.StdoutBytes, exit.StdoutTail = stdout.Total(), stdout.Tail()
+	exit.StderrBytes, exit.StderrTail = stderr.Total(), stderr.Tail()
+	return exit
+}
+
+// killRun kills the program's process group and, in one-shot mode, every
+// process in the sandbox but the agent, since programs can leave their group.
+// That last step happens only when the agent is the sandbox's init (pid 1):
+// anywhere else kill(-1) would reach the host's processes.
+func (s *server) killRun(pid int) {
+	_ = unix.Kill(-pid, unix.SIGKILL)
+	if s.cfg.OneShot && os.Getpid() == 1 {
+		_ = unix.Kill(-1, unix.SIGKILL)
+	}
+}
+
+// waitOrClose waits for the readers to reach EOF; if a process that escaped
+// the kill still holds the pipes, it stops waiting after d and closes them.
+func waitOrClose(wg *sync.WaitGroup, d time.Duration, files ...*os.File) {
+	ch := make(chan struct{})
+	go func() { wg.Wait(); close(ch) }()
+	select {
+	case <-ch:
+	case <-time.After(d):
+		closeAll(files...)
+		<-ch
+	}
+}
+
+func closeAll(files ...*os.File) {
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// streamCapture sends the head of a stream as it arrives and keeps its tail.
+type streamCapture struct {
+	Capture
+	stream Stream
+	send   func(Event) error
+}
+
+func (c *streamCapture) drain(r *os.File) {
+	defer r.Close()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			before := len(c.Head())
+			c.Write(buf[:n])
+			if grown := c.Head()[before:]; len(grown) > 0 {
+				if c.send(Event{Output: &Output{Stream: c.stream, Data: bytes.Clone(grown)}}) != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// writeFiles writes files below dir, refusing any path that would leave it.
+func writeFiles(dir string, files []File) error {
+	if len(files) == 0 {
+		return nil
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("open workspace: %w", err)
+	}
+	defer root.Close()
+	for _, f := range files {
+		name := filepath.Clean(f.Path)
+		if filepath.IsAbs(name) || name == "." || strings.HasPrefix(name, "..") {
+			return fmt.Errorf("write %q: path leaves the workspace", f.Path)
+		}
+		mode := os.FileMode(f.Mode & 0o777)
+		if mode == 0 {
+			mode = 0o644
+		}
+		if d := filepath.Dir(name); d != "." {
+			if err := root.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("write %q: %w", f.Path, err)
+			}
+		}
+		if err := writeFile(root, name, f.Data, mode); err != nil {
+			return fmt.Errorf("write %q: %w", f.Path, err)
+		}
+	}
+	return nil
+}
+
+// writeFile writes one file below root with exactly mode (no umask).
+func writeFile(root *os.Root, name string, data []byte, mode os.FileMode) error {
+	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// lookPath finds argv0 in PATH as the program's environment would.
+func lookPath(argv0 string) (string, error) {
+	if strings.Contains(argv0, "/") {
+		return argv0, nil
+	}
+	for _, dir := range filepath.SplitList(os.Getenv("PATH")) {
+		p := filepath.Join(dir, argv0)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s: not found in this image's PATH", argv0)
+}
+
+// reaper waits for every child of the agent, as an init process must:
+// orphans of the program become the agent's children, and unreaped they
+// would count against the process limit. It hands the status of the
+// processes the agent started to whoever expects them.
+type reaper struct {
+	mu      sync.Mutex
+	waiting map[int]chan unix.WaitStatus
+}
+
+func newReaper() *reaper {
+	r := &reaper{waiting: make(map[int]chan unix.WaitStatus)}
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, unix.SIGCHLD)
+	go func() {
+		for range sig {
+			r.reap()
+		}
+	}()
+	return r
+}
+
+// expectLocked registers pid; r.mu must be held, so that a fast exit cannot
+// be reaped before it is registered.
+func (r *reaper) expectLocked(pid int) <-chan unix.WaitStatus {
+	ch := make(chan unix.WaitStatus, 1)
+	r.waiting[pid] = ch
+	return ch
+}
+
+func (r *reaper) reap() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for {
+		var ws unix.WaitStatus
+		pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			return
+		}
+		if ch, ok := r.waiting[pid]; ok {
+			ch <- ws
+			delete(r.waiting, pid)
+		}
+	}
+}

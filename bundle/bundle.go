@@ -1,0 +1,188 @@
+// Package bundle turns a Job into the OCI runtime configuration (config.json)
+// of its sandbox. It is pure data: it builds the document in one place and
+// writes it, and starts nothing, so the whole security posture of a sandbox
+// can be read, and tested, as one value.
+package bundle
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/safe-run/safe-run/sandbox"
+	"github.com/safe-run/safe-run/seccomp"
+)
+
+// Paths inside the sandbox.
+const (
+	// AgentPath is where the agent binary is mounted, read-only.
+	AgentPath = "/.safe-run/agent"
+	// Workspace is the program's working directory, a size-capped tmpfs.
+	Workspace = "/workspace"
+)
+
+// UID and GID of every sandboxed process: the conventional "nobody".
+const (
+	UID = 65534
+	GID = 65534
+)
+
+// MemoryHeadroom is added to a job's memory limit for gVisor's own use
+// (the sentry, the gofer, page tables), measured at 50–60 MiB here, so
+// that a job gets the memory it asked for.
+const MemoryHeadroom = 96 * sandbox.MiB
+
+// HostPidsFloor is the smallest host-side pids limit. On the host every
+// sandboxed task costs gVisor about three threads and gVisor needs dozens
+// of its own, so the real process cap is RLIMIT_NPROC inside the sandbox and
+// the host limit is only a backstop: 64 crashed the sandbox at start.
+const HostPidsFloor = 512
+
+// DefaultEnv is the environment of every sandboxed program. Nothing of the
+// server's own environment reaches the sandbox.
+var DefaultEnv = []string{
+	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"HOME=/tmp",
+	"TMPDIR=/tmp",
+	"LANG=C.UTF-8",
+	"PYTHONUNBUFFERED=1",        // output arrives as written, so a timeout keeps it
+	"PYTHONDONTWRITEBYTECODE=1", // the root is read-only anyway
+	"MPLBACKEND=Agg",
+	"MPLCONFIGDIR=/tmp/.matplotlib",
+}
+
+// Config is what the bundle needs to know about the host.
+type Config struct {
+	// Rootfs is the host path of the image's root directory.
+	Rootfs string
+	// Agent is the host path of the safe-run-agent binary.
+	Agent string
+	// Env replaces DefaultEnv when set.
+	Env []string
+}
+
+// Build returns the runtime configuration for job, whose limits must be
+// complete (see sandbox.Policy.Check).
+func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
+	if !filepath.IsAbs(cfg.Rootfs) || !filepath.IsAbs(cfg.Agent) {
+		return nil, fmt.Errorf("build bundle: rootfs %q and agent %q must be absolute paths", cfg.Rootfs, cfg.Agent)
+	}
+	l := job.Limits
+	if l.MemoryBytes <= 0 || l.Processes <= 0 || l.CPUs <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
+		return nil, fmt.Errorf("build bundle: limits are incomplete: %+v", l)
+	}
+	env := cfg.Env
+	if env == nil {
+		env = DefaultEnv
+	}
+	filter, err := seccomp.Profile()
+	if err != nil {
+		return nil, fmt.Errorf("build bundle: %w", err)
+	}
+	memory := l.MemoryBytes + MemoryHeadroom
+	pids := max(HostPidsFloor, 8*int64(l.Processes))
+	period := uint64(100_000)
+	quota := int64(l.CPUs * float64(period))
+	swappiness := uint64(0)
+
+	return &specs.Spec{
+		Version: specs.Version,
+		Root:    &specs.Root{Path: cfg.Rootfs, Readonly: true},
+		Process: &specs.Process{
+			User: specs.User{UID: UID, GID: GID},
+			Args: []string{AgentPath, "--one-shot", "--workdir", Workspace},
+			Env:  env,
+			Cwd:  Workspace,
+			// All capability sets empty: the program has no privilege at all.
+			Capabilities:    &specs.LinuxCapabilities{},
+			NoNewPrivileges: true,
+			Rlimits: []specs.POSIXRlimit{
+				{Type: "RLIMIT_NOFILE", Hard: uint64(l.OpenFiles), Soft: uint64(l.OpenFiles)},
+				{Type: "RLIMIT_NPROC", Hard: uint64(l.Processes), Soft: uint64(l.Processes)},
+				{Type: "RLIMIT_FSIZE", Hard: uint64(l.FileSizeBytes), Soft: uint64(l.FileSizeBytes)},
+				{Type: "RLIMIT_CORE", Hard: 0, Soft: 0},
+			},
+		},
+		Hostname: "sandbox",
+		Mounts:   mounts(l, cfg.Agent),
+		Linux: &specs.Linux{
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				{Type: specs.NetworkNamespace},
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+			},
+			// The host applies these to the cgroup it creates for the run.
+			Resources: &specs.LinuxResources{
+				Memory: &specs.LinuxMemory{Limit: &memory, Swap: &memory, Swappiness: &swappiness},
+				Pids:   &specs.LinuxPids{Limit: &pids},
+				CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
+			},
+			Seccomp:       filter,
+			MaskedPaths:   maskedPaths,
+			ReadonlyPaths: readonlyPaths,
+		},
+	}, nil
+}
+
+func mounts(l sandbox.Limits, agent string) []specs.Mount {
+	size := func(n int64) string { return "size=" + strconv.FormatInt(n, 10) }
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", size(64 * sandbox.MiB)}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: Workspace, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size(l.WorkspaceBytes)}},
+		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size(l.TmpBytes)}},
+		{Destination: AgentPath, Type: "bind", Source: agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
+	}
+}
+
+// Mountpoints lists the paths the sandbox mounts over, which must exist in
+// every image because the root is read-only: directories, and files (the
+// agent).
+func Mountpoints() (dirs, files []string) {
+	for _, m := range mounts(sandbox.Limits{}, "/") {
+		if m.Type == "bind" {
+			files = append(files, m.Destination)
+		} else {
+			dirs = append(dirs, m.Destination)
+		}
+	}
+	return dirs, files
+}
+
+// maskedPaths and readonlyPaths are Docker's defaults: kernel interfaces a
+// container has no business reading or writing.
+var (
+	maskedPaths = []string{
+		"/proc/asound", "/proc/acpi", "/proc/interrupts", "/proc/kcore", "/proc/keys",
+		"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug",
+		"/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap",
+	}
+	readonlyPaths = []string{
+		"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+	}
+)
+
+// Write creates dir and writes spec to dir/config.json.
+func Write(dir string, spec *specs.Spec) error {
+	data, err := json.MarshalIndent(spec, "", "\t")
+	if err != nil {
+		return fmt.Errorf("write bundle: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("write bundle: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.json"), data, 0o600); err != nil {
+		return fmt.Errorf("write bundle: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"debug/elf"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// check is one line of the doctor's report.
+type check struct {
+	Name   string `json:"name"`
+	OK     bool   `json:"ok"`
+	Detail string `json:"detail"`
+	Fix    string `json:"fix,omitempty"`
+}
+
+func cmdDoctor(args []string) int {
+	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
+	var host hostFlags
+	host.register(fs)
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return exitUsage
+	}
+	checks := diagnose(&host)
+	ok := true
+	for _, c := range checks {
+		ok = ok && c.OK
+	}
+	if *asJSON {
+		printJSON(map[string]any{"ok": ok, "checks": checks})
+	} else {
+		for _, c := range checks {
+			mark := "PASS"
+			if !c.OK {
+				mark = "FAIL"
+			}
+			fmt.Printf("%s  %-9s %s\n", mark, c.Name, c.Detail)
+			if c.Fix != "" {
+				fmt.Printf("      %-9s fix: %s\n", "", c.Fix)
+			}
+		}
+		if ok {
+			fmt.Println("\nsafe-run is ready: try `safe-run run --lang python -c 'print(1)'`")
+		} else {
+			fmt.Println("\nsafe-run cannot run sandboxes here until the FAIL lines are fixed.")
+		}
+	}
+	if !ok {
+		return 1
+	}
+	return 0
+}
+
+// diagnose checks everything a run needs, in the order a newcomer would
+// fix them, and finally starts a real sandbox per language.
+func diagnose(host *hostFlags) []check {
+	var checks []check
+	add := func(c check) bool { checks = append(checks, c); return c.OK }
+
+	uid := os.Geteuid()
+	add(check{Name: "user", OK: uid == 0,
+		Detail: fmt.Sprintf("running as uid %d", uid),
+		Fix:    fixIf(uid != 0, "run safe-run as root (rootless use is not supported yet)")})
+
+	runsc, source := host.runscPath()
+	runscOK := add(checkRunsc(runsc, source))
+	agentOK := add(checkAgent(host.agentPath()))
+
+	store := host.store()
+	img, err := store.Lookup(host.image)
+	imageOK := err == nil
+	if err != nil {
+		add(check{Name: "image", Detail: err.Error(), Fix: "make rootfs"})
+	} else {
+		missing := missingInterpreters(img.Root)
+		imageOK = len(missing) == 0
+		add(check{Name: "image", OK: imageOK,
+			Detail: fmt.Sprintf("%q is %s at %s (%s)%s", host.image, img.Key, img.Root, sandbox.FormatBytes(img.Stats.Bytes), listIfAny(" — missing: ", missing)),
+			Fix:    fixIf(!imageOK, "rebuild the image: make rootfs")})
+	}
+
+	stateDir := host.stateDir
+	if stateDir == "" {
+		stateDir = runtime.DefaultStateDir()
+	}
+	stateErr := checkWritableDir(stateDir)
+	add(check{Name: "state", OK: stateErr == nil, Detail: "per-run state in " + stateDir + errSuffix(stateErr),
+		Fix: fixIf(stateErr != nil, "choose a writable local directory with --state-dir or SAFE_RUN_STATE_DIR")})
+
+	layout, cgErr := runtime.DetectCgroups()
+	add(check{Name: "cgroups", OK: cgErr == nil, Detail: describeCgroups(layout) + errSuffix(cgErr),
+		Fix: fixIf(cgErr != nil, "run safe-run in a cgroup with the memory, pids and cpu controllers available to it")})
+
+	platformOK := host.platform != "kvm"
+	if host.platform == "kvm" {
+		_, err := os.Stat("/dev/kvm")
+		platformOK = err == nil
+	}
+	add(check{Name: "platform", OK: platformOK, Detail: "gVisor platform " + host.platform,
+		Fix: fixIf(!platformOK, "use --platform systrap (kvm needs /dev/kvm)")})
+
+	if !(runscOK && agentOK && imageOK && stateErr == nil && cgErr == nil && platformOK && uid == 0) {
+		add(check{Name: "sandbox", Detail: "not tried until the checks above pass"})
+		return checks
+	}
+	add(trySandbox(host))
+	return checks
+}
+
+func checkRunsc(path, source string) check {
+	c := check{Name: "runsc", Fix: "build the pinned runsc with `make runsc`, or name one with --runsc or SAFE_RUN_RUNSC"}
+	if path == "" {
+		c.Detail = "runsc not found next to safe-run or in PATH"
+		return c
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	version, err := runtime.RunscVersion(ctx, path)
+	if err != nil {
+		c.Detail = fmt.Sprintf("%s (%s) does not run: %v", path, source, err)
+		return c
+	}
+	c.OK, c.Fix = true, ""
+	c.Detail = fmt.Sprintf("%s (%s), version %s", path, source, version)
+	return c
+}
+
+func checkAgent(path string) check {
+	c := check{Name: "agent", Fix: "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"}
+	if path == "" {
+		c.Detail = "safe-run-agent not found next to safe-run"
+		return c
+	}
+	f, err := elf.Open(path)
+	if err != nil {
+		c.Detail = fmt.Sprintf("%s is not an executable: %v", path, err)
+		return c
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			c.Detail = path + " is dynamically linked; the sandbox needs a static binary"
+			c.Fix = "rebuild it with CGO_ENABLED=0: make bin/safe-run-agent"
+			return c
+		}
+	}
+	c.OK, c.Fix, c.Detail = true, "", path+" (static)"
+	return c
+}
+
+// missingInterpreters lists the languages whose command is not in the image.
+func missingInterpreters(root string) []string {
+	var missing []string
+	for _, l := range sandbox.DefaultLanguages {
+		found := false
+		for _, dir := range []string{"usr/local/bin", "usr/bin", "bin"} {
+			if fi, err := os.Stat(filepath.Join(root, dir, l.Command[0])); err == nil && !fi.IsDir() {
+				found = true
+				break
+			}
+		}
+		if !found {
+			missing = append(missing, l.Name+" ("+l.Command[0]+")")
+		}
+	}
+	return missing
+}
+
+func checkWritableDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".doctor-")
+	if err != nil {
+		return err
+	}
+	f.Close()
+	return os.Remove(f.Name())
+}
+
+func describeCgroups(l runtime.CgroupLayout) string {
+	var parts []string
+	for _, c := range []string{"", "memory", "pids", "cpu", "cpuacct"} {
+		if p, ok := l.Parents[c]; ok {
+			name := c
+			if name == "" {
+				name = "unified"
+			}
+			parts = append(parts, name+"="+p)
+		}
+	}
+	return fmt.Sprintf("%s; runs' cgroups go below safe-run's own: %s (each run: safe-run-<uuid>)", l.Mode, strings.Join(parts, " "))
+}
+
+// trySandbox starts one real sandbox per language.
+func trySandbox(host *hostFlags) check {
+	c := check{Name: "sandbox", Fix: "run with SAFE_RUN_LOG_LEVEL=debug and --debug-log-dir DIR, and read runsc's logs"}
+	cfg, err := host.runtimeConfig()
+	if err == nil {
+		var rt *runtime.Runtime
+		if rt, err = runtime.New(cfg); err == nil {
+			var times []string
+			for _, l := range sandbox.DefaultLanguages {
+				code := map[string]string{"python": "print('ok')", "node": "console.log('ok')", "bash": "echo ok"}[l.Name]
+				start := time.Now()
+				res, rerr := rt.Run(context.Background(), sandbox.Job{Language: l.Name, Code: code, Limits: sandbox.Limits{Timeout: 20 * time.Second}})
+				if rerr == nil && (res.Status != sandbox.StatusOK || strings.TrimSpace(res.Stdout) != "ok") {
+					rerr = fmt.Errorf("%s: status %s: %s%s", l.Name, res.Status, res.Message, strings.TrimSpace(res.Stderr))
+				}
+				if rerr != nil {
+					err = rerr
+					break
+				}
+				times = append(times, fmt.Sprintf("%s %dms", l.Name, time.Since(start).Milliseconds()))
+			}
+			if err == nil {
+				c.OK, c.Fix = true, ""
+				c.Detail = "started a sandbox per language: " + strings.Join(times, ", ")
+				return c
+			}
+		}
+	}
+	c.Detail = "a test run failed: " + err.Error()
+	return c
+}
+
+func fixIf(cond bool, fix string) string {
+	if cond {
+		return fix
+	}
+	return ""
+}
+
+func errSuffix(err error) string {
+	if err == nil {
+		return ""
+	}
+	return ": " + err.Error()
+}
+
+func listIfAny(prefix string, items []string) string {
+	if len(items) == 0 {
+		return ""
+	}
+	return prefix + strings.Join(items, ", ")
+}

@@ -1,0 +1,105 @@
+// Command safe-run runs untrusted Python, Node and Bash code in gVisor
+// sandboxes, from the command line (safe-run run) or as an MCP server.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// Exit codes of safe-run itself. A run's own exit code passes through; these
+// mark outcomes that are not the program's (see README, "Exit codes").
+const (
+	exitUsage        = 2   // bad flags or an invalid job
+	exitTimeout      = 124 // the program hit its time limit
+	exitSandboxError = 125 // safe-run or the sandbox failed, or is not set up
+	exitOOM          = 126 // the program hit its memory limit
+)
+
+// command is one subcommand, in a file of its own.
+type command struct {
+	name    string
+	summary string
+	run     func(args []string) int
+}
+
+var commands []command
+
+func init() {
+	commands = []command{
+		{"run", "run code in a sandbox and print its output", cmdRun},
+		{"doctor", "check that this host can run sandboxes, and say how to fix what is missing", cmdDoctor},
+		{"image", "manage root file system images (import, ls, dir, check)", cmdImage},
+		{"version", "print version information", cmdVersion},
+	}
+}
+
+func main() {
+	runtime.ShimMain() // never returns when this process is the cgroup shim
+	os.Exit(dispatch(os.Args[1:]))
+}
+
+func dispatch(args []string) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(os.Stderr)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name == args[0] {
+			return c.run(args[1:])
+		}
+	}
+	fmt.Fprintf(os.Stderr, "safe-run: unknown command %q; run `safe-run help` for the list\n", args[0])
+	return exitUsage
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "safe-run runs untrusted code in gVisor sandboxes.")
+	fmt.Fprintln(w, "\nUsage: safe-run COMMAND [flags]\n\nCommands:")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w, "\nRun `safe-run COMMAND -h` for a command's flags.")
+}
+
+// fail prints err as one line and returns the exit code that fits it.
+func fail(err error) int {
+	fmt.Fprintln(os.Stderr, "safe-run:", oneLine(err.Error()))
+	var in *sandbox.InputError
+	if errors.As(err, &in) || errors.Is(err, errUsage) {
+		return exitUsage
+	}
+	return exitSandboxError
+}
+
+var errUsage = errors.New("usage")
+
+// usageError is a flag or argument mistake.
+func usageError(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{errUsage}, args...)...)
+}
+
+func oneLine(s string) string {
+	s = strings.TrimPrefix(s, errUsage.Error()+": ")
+	return strings.Join(strings.Fields(strings.ReplaceAll(s, "\n", " ")), " ")
+}
+
+// newLogger logs to stderr (stdout carries program output or MCP) at the
+// level named by SAFE_RUN_LOG_LEVEL, warn by default.
+func newLogger() *slog.Logger {
+	level := slog.LevelWarn
+	if v := os.Getenv("SAFE_RUN_LOG_LEVEL"); v != "" {
+		_ = level.UnmarshalText([]byte(v))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}

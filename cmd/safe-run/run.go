@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+const runUsage = `Usage: safe-run run [flags] (-c CODE | FILE | -)
+
+Runs the code in a fresh gVisor sandbox with no network, a read-only root,
+and a private /workspace, then prints the program's output. The exit code
+is the program's own, or 124 (timeout), 125 (sandbox error), 126 (out of
+memory), 128+N (killed by signal N), 2 (invalid input).
+
+Flags:
+`
+
+// fileFlag collects --file HOST[:WORKSPACE_PATH] arguments.
+type fileFlag []string
+
+func (f *fileFlag) String() string     { return strings.Join(*f, ",") }
+func (f *fileFlag) Set(s string) error { *f = append(*f, s); return nil }
+
+// sizeFlag is a byte size such as 512MiB.
+type sizeFlag struct{ n *int64 }
+
+func (s sizeFlag) String() string {
+	if s.n == nil || *s.n == 0 {
+		return ""
+	}
+	return sandbox.FormatBytes(*s.n)
+}
+
+func (s sizeFlag) Set(v string) error {
+	n, err := sandbox.ParseBytes(v)
+	if err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("size must be positive")
+	}
+	*s.n = n
+	return nil
+}
+
+func cmdRun(args []string) int {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); fs.PrintDefaults() }
+	var (
+		host    hostFlags
+		lang    = fs.String("lang", "", "language: python, node or bash (default: from FILE's extension)")
+		code    = fs.String("c", "", "the code to run")
+		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
+		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
+		files   fileFlag
+		limits  sandbox.Limits
+		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
+	)
+	host.register(fs)
+	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
+	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default 512MiB)")
+	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default 128)")
+	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default 1)")
+	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default 1MiB)")
+	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default 256MiB)")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return 0
+		}
+		return exitUsage
+	}
+	if *timeout < 0 {
+		return fail(&sandbox.InputError{Field: "timeout", Msg: "is negative; give a positive duration such as 30s"})
+	}
+	limits.Timeout = *timeout
+
+	job, err := buildJob(*lang, *code, fs.Args(), files, *stdin)
+	if err != nil {
+		return fail(err)
+	}
+	job.Limits = limits
+	// Check the job before looking for runsc and the image, so a mistake in
+	// the input is reported as such.
+	if _, _, err := (sandbox.Policy{}).Check(job); err != nil {
+		return fail(err)
+	}
+	cfg, err := host.runtimeConfig()
+	if err != nil {
+		return fail(err)
+	}
+	rt, err := runtime.New(cfg)
+	if err != nil {
+		return fail(err)
+	}
+	if !*asJSON {
+		job.Stdout, job.Stderr = os.Stdout, os.Stderr
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	res, err := rt.Run(ctx, job)
+	if err != nil {
+		return fail(err)
+	}
+	if *asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return fail(err)
+		}
+	} else if res.Status != sandbox.StatusOK && res.Status != sandbox.StatusError {
+		fmt.Fprintf(os.Stderr, "safe-run: %s: %s\n", res.Status, res.Message)
+	}
+	return exitCode(res)
+}
+
+// exitCode maps a result to safe-run's exit code.
+func exitCode(res sandbox.Result) int {
+	switch res.Status {
+	case sandbox.StatusOK, sandbox.StatusError:
+		return res.ExitCode
+	case sandbox.StatusTimeout:
+		return exitTimeout
+	case sandbox.StatusOOM:
+		return exitOOM
+	case sandbox.StatusKilled:
+		if sig := unix.SignalNum(res.Signal); sig > 0 {
+			return 128 + int(sig)
+		}
+		return 128 + int(syscall.SIGKILL)
+	}
+	return exitSandboxError
+}
+
+// buildJob reads the code and files named on the command line.
+func buildJob(lang, code string, args []string, files fileFlag, stdinPath string) (sandbox.Job, error) {
+	var job sandbox.Job
+	switch {
+	case code != "" && len(args) > 0:
+		return job, usageError("give the code with -c or as FILE, not both")
+	case len(args) > 1:
+		return job, usageError("give one FILE (or - for standard input); pass data files with --file")
+	case code != "":
+		job.Code = code
+	case len(args) == 0:
+		return job, usageError("no code given; use -c CODE, FILE, or - to read standard input")
+	case args[0] == "-":
+		if stdinPath == "-" {
+			return job, usageError("standard input cannot be both the code and the program's input")
+		}
+		data, err := readCapped(os.Stdin, "standard input")
+		if err != nil {
+			return job, err
+		}
+		job.Code = string(data)
+	default:
+		data, err := readFileCapped(args[0])
+		if err != nil {
+			return job, err
+		}
+		job.Code = string(data)
+		if lang == "" {
+			lang = languageOf(args[0])
+		}
+	}
+	if lang == "" {
+		return job, &sandbox.InputError{Field: "language", Msg: "not given; pass --lang python, node or bash"}
+	}
+	job.Language = lang
+	for _, spec := range files {
+		hostPath, wsPath, ok := strings.Cut(spec, ":")
+		if !ok {
+			wsPath = filepath.Base(hostPath)
+		}
+		data, err := readFileCapped(hostPath)
+		if err != nil {
+			return job, err
+		}
+		fi, _ := os.Stat(hostPath)
+		job.Files = append(job.Files, sandbox.File{Path: wsPath, Data: data, Executable: fi != nil && fi.Mode()&0o111 != 0})
+	}
+	switch stdinPath {
+	case "":
+	case "-":
+		data, err := readCapped(os.Stdin, "standard input")
+		if err != nil {
+			return job, err
+		}
+		job.Stdin = data
+	default:
+		data, err := readFileCapped(stdinPath)
+		if err != nil {
+			return job, err
+		}
+		job.Stdin = data
+	}
+	return job, nil
+}
+
+// languageOf guesses a language from a file name's extension.
+func languageOf(name string) string {
+	switch filepath.Ext(name) {
+	case ".py":
+		return "python"
+	case ".js", ".cjs":
+		return "node"
+	case ".sh", ".bash":
+		return "bash"
+	}
+	return ""
+}
+
+// maxInputBytes bounds what the CLI reads into memory for one input; the
+// policy's own, smaller limits then apply with clearer messages.
+const maxInputBytes = 256 << 20
+
+func readFileCapped(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, usageError("%v", err)
+	}
+	defer f.Close()
+	return readCapped(f, path)
+}
+
+func readCapped(r io.Reader, what string) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxInputBytes+1))
+	if err != nil {
+		return nil, usageError("read %s: %v", what, err)
+	}
+	if len(data) > maxInputBytes {
+		return nil, usageError("%s is larger than %s", what, sandbox.FormatBytes(maxInputBytes))
+	}
+	return data, nil
+}

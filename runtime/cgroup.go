@@ -1,0 +1,211 @@
+package runtime
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+
+	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/fs"
+	"github.com/opencontainers/cgroups/fs2"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// cgroupControllers are the controllers a run's cgroup needs: memory (limit
+// and OOM count), pids (backstop) and cpu (quota). cpuacct is joined where
+// it is a hierarchy of its own so CPU use can be read.
+var cgroupControllers = []string{"memory", "pids", "cpu", "cpuacct"}
+
+// CgroupLayout says where runs' cgroups go on this host.
+type CgroupLayout struct {
+	// Mode is "v2" (unified), "hybrid" (v1 controllers beside an empty
+	// cgroup2) or "v1".
+	Mode string
+	// Parents maps each controller to the directory new cgroups are created
+	// in: safe-run's own cgroup. With v2 the only key is "".
+	Parents map[string]string
+	// Missing lists controllers that cannot be used, with the reason.
+	Missing []string
+}
+
+// DetectCgroups finds safe-run's own cgroup(s) from /proc/self/cgroup and
+// checks that a run's cgroup can be created below them with the needed
+// controllers.
+func DetectCgroups() (CgroupLayout, error) {
+	if cgroups.IsCgroup2UnifiedMode() {
+		return detectV2()
+	}
+	l := CgroupLayout{Mode: "v1", Parents: map[string]string{}}
+	if cgroups.IsCgroup2HybridMode() {
+		l.Mode = "hybrid"
+	}
+	for _, c := range cgroupControllers {
+		dir, err := cgroups.GetOwnCgroupPath(c)
+		if err != nil {
+			if c != "cpuacct" {
+				l.Missing = append(l.Missing, fmt.Sprintf("%s: %v", c, err))
+			}
+			continue
+		}
+		l.Parents[c] = dir
+	}
+	if len(l.Missing) > 0 {
+		return l, fmt.Errorf("cgroup v1 controllers unavailable: %s", strings.Join(l.Missing, "; "))
+	}
+	return l, nil
+}
+
+func detectV2() (CgroupLayout, error) {
+	l := CgroupLayout{Mode: "v2"}
+	own, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
+	if err != nil {
+		return l, fmt.Errorf("read own cgroup: %w", err)
+	}
+	parent := filepath.Join(fs2.UnifiedMountpoint, own[""])
+	l.Parents = map[string]string{"": parent}
+	need := []string{"memory", "pids", "cpu"}
+	enabled := func() []string {
+		data, _ := os.ReadFile(filepath.Join(parent, "cgroup.subtree_control"))
+		return strings.Fields(string(data))
+	}
+	for _, c := range need {
+		if slices.Contains(enabled(), c) {
+			continue
+		}
+		// Enabling a controller for our children touches only our own cgroup;
+		// the kernel refuses it (EBUSY) while processes live in it.
+		err := os.WriteFile(filepath.Join(parent, "cgroup.subtree_control"), []byte("+"+c), 0)
+		if err != nil {
+			l.Missing = append(l.Missing, fmt.Sprintf("%s: %v", c, err))
+		}
+	}
+	if len(l.Missing) > 0 {
+		return l, fmt.Errorf("cgroup v2 controllers not delegated to %s (%s); start safe-run in a cgroup of its own with them delegated, e.g. `systemd-run --scope -p Delegate=yes safe-run ...`",
+			parent, strings.Join(l.Missing, "; "))
+	}
+	return l, nil
+}
+
+// runCgroup is the cgroup of one run, created below safe-run's own cgroup.
+// safe-run owns it: runsc runs with --ignore-cgroups and is started inside
+// it by the shim, so nothing else creates, changes or removes cgroups.
+type runCgroup struct {
+	mgr   cgroups.Manager
+	paths map[string]string
+}
+
+// newRunCgroup creates the cgroup named id below each parent and applies res.
+func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources) (*runCgroup, error) {
+	paths := make(map[string]string, len(layout.Parents))
+	for c, parent := range layout.Parents {
+		paths[c] = filepath.Join(parent, id)
+	}
+	r := toCgroupResources(res, paths)
+	cg := &cgroups.Cgroup{Name: id, Resources: r}
+	var (
+		mgr cgroups.Manager
+		err error
+	)
+	if layout.Mode == "v2" {
+		dir := paths[""]
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			return nil, fmt.Errorf("create cgroup %s: %w", dir, err)
+		}
+		mgr, err = fs2.NewManager(cg, dir)
+	} else {
+		mgr, err = fs.NewManager(cg, paths)
+		if err == nil {
+			err = mgr.Apply(-1) // creates the directories, adds no process
+		}
+	}
+	c := &runCgroup{mgr: mgr, paths: paths}
+	if err != nil {
+		c.destroy()
+		return nil, fmt.Errorf("create cgroup %s: %w", id, err)
+	}
+	if err := mgr.Set(r); err != nil {
+		c.destroy()
+		return nil, fmt.Errorf("set limits of cgroup %s: %w", id, err)
+	}
+	return c, nil
+}
+
+func toCgroupResources(res *specs.LinuxResources, paths map[string]string) *cgroups.Resources {
+	r := &cgroups.Resources{}
+	if m := res.Memory; m != nil && m.Limit != nil {
+		r.Memory = *m.Limit
+		// Limit swap too where the kernel accounts it, so a run cannot swap
+		// its way past the limit.
+		if m.Swap != nil && hasSwapAccounting(paths) {
+			r.MemorySwap = *m.Swap
+		}
+		r.MemorySwappiness = m.Swappiness
+	}
+	if p := res.Pids; p != nil && p.Limit != nil {
+		r.PidsLimit = p.Limit
+	}
+	if c := res.CPU; c != nil {
+		if c.Quota != nil {
+			r.CpuQuota = *c.Quota
+		}
+		if c.Period != nil {
+			r.CpuPeriod = *c.Period
+		}
+	}
+	return r
+}
+
+func hasSwapAccounting(paths map[string]string) bool {
+	if dir, ok := paths[""]; ok {
+		_, err := os.Stat(filepath.Join(filepath.Dir(dir), "memory.swap.max"))
+		return err == nil
+	}
+	_, err := os.Stat(filepath.Join(filepath.Dir(paths["memory"]), "memory.memsw.limit_in_bytes"))
+	return err == nil
+}
+
+// procsFiles are the cgroup.procs files a process writes "0" to in order to
+// join the cgroup in every hierarchy.
+func (c *runCgroup) procsFiles() []string {
+	var out []string
+	for _, dir := range c.paths {
+		p := filepath.Join(dir, "cgroup.procs")
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// usage reads how many OOM kills the cgroup saw and its peak memory.
+func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
+	oomKills, err = c.mgr.OOMKillCount()
+	if err != nil {
+		return 0, 0, fmt.Errorf("read OOM kill count: %w", err)
+	}
+	if st, err := c.mgr.GetStats(); err == nil {
+		peak = int64(st.MemoryStats.Usage.MaxUsage)
+	}
+	return oomKills, peak, nil
+}
+
+// destroy kills whatever is left in the cgroup (only processes of this run
+// can be there) and removes it.
+func (c *runCgroup) destroy() error {
+	if c.mgr == nil {
+		return nil
+	}
+	if pids, err := c.mgr.GetAllPids(); err == nil {
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	if err := c.mgr.Destroy(); err != nil {
+		return fmt.Errorf("remove cgroup: %w", err)
+	}
+	return nil
+}

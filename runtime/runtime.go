@@ -1,0 +1,177 @@
+// Package runtime runs jobs in gVisor sandboxes: it owns the runsc process
+// lifecycle, the per-run state and cgroup, and turns what happened into a
+// sandbox.Result. It implements sandbox.Runner.
+//
+// One run is one sandbox: a bundle is written (package bundle), a cgroup is
+// created below safe-run's own, `runsc run` is started inside that cgroup
+// with the agent as the sandbox's first process, the job is handed to the
+// agent over a pipe, and afterwards everything — runsc processes, the
+// cgroup, the null network namespace mount, the bundle and state
+// directories — is removed, whatever happened.
+package runtime
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// Config configures a Runtime. Runsc, Agent and Rootfs are required.
+type Config struct {
+	// Runsc is the path of the runsc binary.
+	Runsc string
+	// Agent is the host path of the safe-run-agent binary.
+	Agent string
+	// Rootfs is the host path of the image's root directory.
+	Rootfs string
+	// StateDir holds one directory per live run; empty means
+	// DefaultStateDir(). It must be on a local file system.
+	StateDir string
+	// Platform is runsc's platform; empty means "systrap".
+	Platform string
+	// Policy validates jobs and supplies default limits.
+	Policy sandbox.Policy
+	// Shim is the executable that runs ShimMain, used to start runsc inside
+	// the run's cgroup; empty means this executable.
+	Shim string
+	// DebugLogDir, if set, makes runsc write debug logs to a directory per
+	// run below it. The logs are kept.
+	DebugLogDir string
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// DefaultStateDir is /run/safe-run for root and $XDG_RUNTIME_DIR/safe-run
+// (or a directory in /tmp) for other users.
+func DefaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/run/safe-run"
+	}
+	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
+		return filepath.Join(d, "safe-run")
+	}
+	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", os.Geteuid()))
+}
+
+// Runtime runs jobs in gVisor sandboxes. It is safe for concurrent use.
+type Runtime struct {
+	cfg     Config
+	cgroups CgroupLayout
+	log     *slog.Logger
+}
+
+var _ sandbox.Runner = (*Runtime)(nil)
+
+// New checks cfg against the host and returns a Runtime. Its errors say
+// what is missing and how to get it.
+func New(cfg Config) (*Runtime, error) {
+	if cfg.Platform == "" {
+		cfg.Platform = "systrap"
+	}
+	if cfg.StateDir == "" {
+		cfg.StateDir = DefaultStateDir()
+	}
+	if cfg.Shim == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("find own executable for the cgroup shim: %w", err)
+		}
+		cfg.Shim = exe
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := checkExecutable(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
+		return nil, err
+	}
+	if err := checkExecutable(cfg.Agent, "safe-run-agent", "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"); err != nil {
+		return nil, err
+	}
+	if fi, err := os.Stat(cfg.Rootfs); err != nil || !fi.IsDir() {
+		return nil, fmt.Errorf("rootfs %q is not a directory; build the default image with `make rootfs`", cfg.Rootfs)
+	}
+	for _, p := range []*string{&cfg.Runsc, &cfg.Agent, &cfg.Rootfs, &cfg.StateDir} {
+		abs, err := filepath.Abs(*p)
+		if err != nil {
+			return nil, err
+		}
+		*p = abs
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create state directory: %w; choose another with --state-dir", err)
+	}
+	layout, err := DetectCgroups()
+	if err != nil {
+		return nil, err
+	}
+	return &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}, nil
+}
+
+// Policy returns the policy jobs are checked against.
+func (rt *Runtime) Policy() sandbox.Policy { return rt.cfg.Policy }
+
+func checkExecutable(path, what, fix string) error {
+	if path == "" {
+		return fmt.Errorf("%s not found; %s", what, fix)
+	}
+	fi, err := os.Stat(path)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%s not found at %s; %s", what, path, fix)
+	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
+		return fmt.Errorf("%s at %s is not an executable file; %s", what, path, fix)
+	}
+	return nil
+}
+
+// RunscVersion returns the version line of the runsc binary at path.
+func RunscVersion(ctx context.Context, path string) (string, error) {
+	out, err := exec.CommandContext(ctx, path, "--version").Output()
+	if err != nil {
+		return "", fmt.Errorf("run %s --version: %w", path, err)
+	}
+	line, _, _ := strings.Cut(string(out), "\n")
+	return strings.TrimSpace(strings.TrimPrefix(line, "runsc version ")), nil
+}
+
+// runsc runs a runsc subcommand against the run's state root and returns
+// its combined output.
+func (rt *Runtime) runsc(ctx context.Context, root string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, rt.cfg.Runsc, append([]string{"--root", root}, args...)...)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLine(out))
+	}
+	return out, nil
+}
+
+// lastLine returns the last non-empty line of out, for error messages.
+func lastLine(out []byte) string {
+	var last string
+	sc := bufio.NewScanner(strings.NewReader(string(out)))
+	for sc.Scan() {
+		if t := strings.TrimSpace(sc.Text()); t != "" {
+			last = t
+		}
+	}
+	return last
+}
+
+var errNotStarted = errors.New("sandbox did not start")
+
+// startTimeout bounds how long a sandbox may take to come up, however
+// loaded the host: beyond it the sandbox is broken, not slow.
+const startTimeout = 60 * time.Second
+
+// killGrace is how long after the program's timeout the host waits for the
+// agent's own report before it kills the whole sandbox.
+const killGrace = 500 * time.Millisecond

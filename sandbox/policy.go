@@ -1,0 +1,198 @@
+package sandbox
+
+import (
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Language says how to run code of one language inside the image.
+type Language struct {
+	// Name is what jobs ask for, e.g. "python".
+	Name string `json:"name"`
+	// Filename is where the code is written, relative to the workspace. It
+	// is the code's own directory so that imports of workspace files work.
+	Filename string `json:"filename"`
+	// Command runs the code; it is resolved inside the sandbox's PATH.
+	Command []string `json:"command"`
+}
+
+// DefaultLanguages are the languages of the default image.
+var DefaultLanguages = []Language{
+	{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}},
+	{Name: "node", Filename: "main.js", Command: []string{"node", "main.js"}},
+	{Name: "bash", Filename: "main.sh", Command: []string{"bash", "main.sh"}},
+}
+
+// Policy decides which jobs are acceptable and fills in their defaults.
+// The zero Policy uses DefaultLanguages, DefaultLimits, MinLimits, MaxLimits
+// and the default input caps.
+type Policy struct {
+	Languages []Language
+	Default   Limits
+	Min       Limits
+	Max       Limits
+	// MaxCodeBytes caps the size of Job.Code.
+	MaxCodeBytes int
+	// MaxFiles caps the number of Job.Files.
+	MaxFiles int
+	// MaxFilesBytes caps the total size of Job.Files plus Job.Stdin.
+	MaxFilesBytes int64
+}
+
+// Default input caps of the zero Policy.
+const (
+	DefaultMaxCodeBytes  = 1 << 20
+	DefaultMaxFiles      = 256
+	DefaultMaxFilesBytes = 64 << 20
+)
+
+func (p Policy) languages() []Language {
+	if len(p.Languages) == 0 {
+		return DefaultLanguages
+	}
+	return p.Languages
+}
+
+// LanguageNames lists the names of the policy's languages, in order.
+func (p Policy) LanguageNames() []string {
+	var names []string
+	for _, l := range p.languages() {
+		names = append(names, l.Name)
+	}
+	return names
+}
+
+// Language returns the language called name.
+func (p Policy) Language(name string) (Language, bool) {
+	i := slices.IndexFunc(p.languages(), func(l Language) bool { return l.Name == name })
+	if i < 0 {
+		return Language{}, false
+	}
+	return p.languages()[i], true
+}
+
+// Limits returns the default, minimum and maximum limits of the policy.
+func (p Policy) Limits() (def, lo, hi Limits) {
+	return p.Default.withDefaults(DefaultLimits), p.Min.withDefaults(MinLimits), p.Max.withDefaults(MaxLimits)
+}
+
+// Check validates job and returns it with defaults filled in, and the
+// language it asks for. Every error is an *InputError.
+func (p Policy) Check(job Job) (Job, Language, error) {
+	lang, ok := p.Language(job.Language)
+	if !ok {
+		names := p.LanguageNames()
+		if job.Language == "" {
+			return job, lang, &InputError{Field: "language", Msg: "no language given; use one of " + strings.Join(names, ", ")}
+		}
+		return job, lang, &InputError{Field: "language", Msg: fmt.Sprintf("%q is not available; use one of %s", job.Language, strings.Join(names, ", "))}
+	}
+	maxCode := p.MaxCodeBytes
+	if maxCode == 0 {
+		maxCode = DefaultMaxCodeBytes
+	}
+	switch {
+	case strings.TrimSpace(job.Code) == "":
+		return job, lang, &InputError{Field: "code", Msg: "is empty; pass the program to run"}
+	case len(job.Code) > maxCode:
+		return job, lang, &InputError{Field: "code", Msg: fmt.Sprintf("is %s, over the %s limit; send a shorter program or pass data as files",
+			FormatBytes(int64(len(job.Code))), FormatBytes(int64(maxCode)))}
+	case strings.IndexByte(job.Code, 0) >= 0:
+		return job, lang, &InputError{Field: "code", Msg: "contains a NUL byte; send source text"}
+	case !utf8.ValidString(job.Code):
+		return job, lang, &InputError{Field: "code", Msg: "is not valid UTF-8; send source text in UTF-8"}
+	}
+	if err := p.checkFiles(job, lang); err != nil {
+		return job, lang, err
+	}
+	def, lo, hi := p.Limits()
+	job.Limits = job.Limits.withDefaults(def)
+	if err := job.Limits.check(lo, hi); err != nil {
+		return job, lang, err
+	}
+	return job, lang, nil
+}
+
+func (p Policy) checkFiles(job Job, lang Language) error {
+	maxFiles, maxBytes := p.MaxFiles, p.MaxFilesBytes
+	if maxFiles == 0 {
+		maxFiles = DefaultMaxFiles
+	}
+	if maxBytes == 0 {
+		maxBytes = DefaultMaxFilesBytes
+	}
+	if len(job.Files) > maxFiles {
+		return &InputError{Field: "files", Msg: fmt.Sprintf("%d files given, the limit is %d; pack them into an archive", len(job.Files), maxFiles)}
+	}
+	total := int64(len(job.Stdin))
+	seen := make(map[string]bool, len(job.Files))
+	for _, f := range job.Files {
+		if err := CheckPath(f.Path); err != nil {
+			return &InputError{Field: "files", Msg: err.Error()}
+		}
+		clean := path.Clean(f.Path)
+		if clean == lang.Filename {
+			return &InputError{Field: "files", Msg: fmt.Sprintf("%q is where the code is written; rename the file", f.Path)}
+		}
+		if seen[clean] {
+			return &InputError{Field: "files", Msg: fmt.Sprintf("%q is given twice", f.Path)}
+		}
+		seen[clean] = true
+		total += int64(len(f.Data))
+	}
+	for p := range seen {
+		for dir := path.Dir(p); dir != "."; dir = path.Dir(dir) {
+			if seen[dir] {
+				return &InputError{Field: "files", Msg: fmt.Sprintf("%q is both a file and a directory", dir)}
+			}
+		}
+	}
+	if total > maxBytes {
+		return &InputError{Field: "files", Msg: fmt.Sprintf("files and stdin total %s, over the %s limit", FormatBytes(total), FormatBytes(maxBytes))}
+	}
+	return nil
+}
+
+// CheckPath reports whether p is acceptable as a workspace file path: a
+// relative, clean, slash-separated path of printable names that stays
+// inside the workspace.
+func CheckPath(p string) error {
+	switch {
+	case p == "":
+		return fmt.Errorf("empty file path; give a path relative to /workspace")
+	case len(p) > 1024:
+		return fmt.Errorf("file path of %d bytes is too long; the limit is 1024", len(p))
+	case !utf8.ValidString(p) || strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return fmt.Errorf("file path %q has control characters or invalid UTF-8", p)
+	case strings.HasPrefix(p, "/"):
+		return fmt.Errorf("file path %q is absolute; give a path relative to /workspace", p)
+	case strings.Contains(p, "\\"):
+		return fmt.Errorf("file path %q has a backslash; use / between names", p)
+	}
+	for _, name := range strings.Split(p, "/") {
+		switch {
+		case name == "..":
+			return fmt.Errorf("file path %q leaves the workspace; remove the '..'", p)
+		case name == "" || name == ".":
+			return fmt.Errorf("file path %q is not clean; write it as %q", p, path.Clean(p))
+		case len(name) > 255:
+			return fmt.Errorf("file path %q has a name over 255 bytes", p)
+		}
+	}
+	return nil
+}
+
+// InputError is a job the policy refuses, naming the offending field and
+// what to do instead.
+type InputError struct {
+	// Field is the job field at fault: language, code, files, stdin, or a
+	// limit's name (timeout, memory, processes, cpus, output, ...).
+	Field string
+	// Msg says what is wrong and how to fix it.
+	Msg string
+}
+
+func (e *InputError) Error() string { return e.Field + ": " + e.Msg }

@@ -1,0 +1,105 @@
+// Package sandbox defines what a run is (Job), what it produces (Result) and
+// the Runner interface every backend implements.
+//
+// It has a home of its own so that the CLI and the MCP layer speak this
+// vocabulary rather than a backend's: the gVisor runtime implements Runner
+// today, and a Kubernetes backend can implement it later without touching
+// either caller. It holds data and validation only; nothing here starts a
+// process.
+package sandbox
+
+import (
+	"context"
+	"io"
+)
+
+// Runner runs jobs in sandboxes. Implementations are safe for concurrent use.
+//
+// Run returns an error only when the job never ran because it was invalid
+// (an *InputError) or the backend is unusable; a run that went wrong in the
+// sandbox is a Result with a non-ok Status.
+type Runner interface {
+	Run(ctx context.Context, job Job) (Result, error)
+}
+
+// Job is one piece of code to run, with what it needs and what it may use.
+type Job struct {
+	// Language names an entry of the runner's language table, e.g. "python".
+	Language string
+	// Code is the program text. It is written to the language's file in the
+	// workspace and run from there.
+	Code string
+	// Files are placed in the workspace before the code runs.
+	Files []File
+	// Stdin is the program's standard input; empty means /dev/null-like EOF.
+	Stdin []byte
+	// Limits bound the run; zero fields take the policy's defaults.
+	Limits Limits
+
+	// Stdout and Stderr, when set, receive the program's output while it
+	// runs, capped exactly as the Result's copy is. They are for live
+	// display only; the Result always carries the output as well.
+	Stdout io.Writer
+	Stderr io.Writer
+}
+
+// File is one file placed in the workspace before a run.
+type File struct {
+	// Path is relative to the workspace, e.g. "data/input.csv".
+	Path string
+	// Data is the file's content.
+	Data []byte
+	// Executable marks the file mode 0755 instead of 0644.
+	Executable bool
+}
+
+// Status is the outcome class of a run.
+type Status string
+
+// The statuses a run can end with.
+const (
+	// StatusOK means the program exited with code 0.
+	StatusOK Status = "ok"
+	// StatusError means the program exited with a non-zero code.
+	StatusError Status = "error"
+	// StatusTimeout means the wall-clock limit passed and the run was killed.
+	StatusTimeout Status = "timeout"
+	// StatusOOM means the run hit its memory limit and was killed.
+	StatusOOM Status = "oom"
+	// StatusKilled means the program died from a signal, or the caller
+	// cancelled the run.
+	StatusKilled Status = "killed"
+	// StatusSandboxError means the sandbox itself failed; it is never the
+	// user's code's fault.
+	StatusSandboxError Status = "sandbox_error"
+)
+
+// Result is what a run produced. Its JSON form is the `--json` output of the
+// CLI and the structured content of the MCP tool.
+type Result struct {
+	Status Status `json:"status"`
+	// ExitCode is the program's exit code, or -1 when it has none (it was
+	// killed, timed out, ran out of memory, or the sandbox failed).
+	ExitCode int `json:"exit_code"`
+	// Signal names the signal that killed the program, e.g. "SIGSEGV".
+	Signal string `json:"signal,omitempty"`
+	Stdout string `json:"stdout"`
+	Stderr string `json:"stderr"`
+	// StdoutTruncated reports that the middle of stdout was dropped to stay
+	// within the output cap; the head and the tail are kept.
+	StdoutTruncated bool `json:"stdout_truncated"`
+	StderrTruncated bool `json:"stderr_truncated"`
+	// StdoutBytes and StderrBytes count everything the program wrote,
+	// including what the cap dropped.
+	StdoutBytes int64 `json:"stdout_bytes"`
+	StderrBytes int64 `json:"stderr_bytes"`
+	// DurationMS is the wall time of the whole run, sandbox start included.
+	DurationMS int64 `json:"duration_ms"`
+	// MemoryPeakBytes is the sandbox's peak memory as its cgroup reports it
+	// (gVisor's own overhead included); 0 when unknown.
+	MemoryPeakBytes int64 `json:"memory_peak_bytes,omitempty"`
+	// Message explains a non-ok status in one line, e.g. which limit was hit.
+	Message string `json:"message,omitempty"`
+	// SandboxID identifies the sandbox in logs.
+	SandboxID string `json:"sandbox_id,omitempty"`
+}

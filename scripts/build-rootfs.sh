@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# build-rootfs.sh — the recipe for safe-run's default image, and its cache check.
+#
+#   scripts/build-rootfs.sh            build the image if the cache lacks it, then import it
+#   scripts/build-rootfs.sh --key      print the recipe key (a hash of this file)
+#   scripts/build-rootfs.sh --archive OUT.tar.gz
+#                                      only build the archive (for another machine)
+#
+# This file *is* the recipe: the image is cached under a hash of its bytes, so
+# any edit here produces a new image and leaves the old one alone. The build
+# needs root (debootstrap) and the Debian archive; SAFE_RUN_DEBIAN_MIRROR picks
+# a mirror (debootstrap's default otherwise). SAFE_RUN names the safe-run binary
+# (default: bin/safe-run beside this script).
+set -euo pipefail
+
+SUITE=bookworm
+# bash and coreutils come with minbase. matplotlib pulls in its fonts.
+PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib nodejs)
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
+safe_run=${SAFE_RUN:-$here/../bin/safe-run}
+
+log() { printf '[rootfs %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+build_archive() {
+	local out=$1
+	if [[ $(id -u) != 0 ]]; then
+		echo "build-rootfs: debootstrap needs root; run as root, or import an archive built elsewhere with: safe-run image import --name default FILE" >&2
+		exit 1
+	fi
+	command -v debootstrap >/dev/null || { echo "build-rootfs: debootstrap is missing; install it: apt-get install -y debootstrap" >&2; exit 1; }
+
+	local work
+	work=$(mktemp -d /var/tmp/safe-run-rootfs.XXXXXX)
+	# shellcheck disable=SC2064
+	trap "rm -rf '$work'" EXIT
+	local root=$work/root
+
+	log "debootstrap $SUITE (minbase) into $root"
+	debootstrap --variant=minbase "$SUITE" "$root" ${SAFE_RUN_DEBIAN_MIRROR:+"$SAFE_RUN_DEBIAN_MIRROR"} |
+		grep --line-buffered -E '^I: (Retrieving|Validating|Extracting|Installing|Configuring|Base system)' |
+		awk '{ n++; if (n % 25 == 1 || /Base system/) { print "[rootfs] " $0; fflush() } }' >&2
+
+	log "installing ${PACKAGES[*]}"
+	cp /etc/resolv.conf "$root/etc/resolv.conf"
+	printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+	chmod 755 "$root/usr/sbin/policy-rc.d"
+	chroot "$root" env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+	chroot "$root" env DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" |
+		grep --line-buffered -E '^(Setting up|Need to get)' |
+		awk '{ n++; if (n % 20 == 1) { print "[rootfs] " $0; fflush() } }' >&2
+
+	log "configuring"
+	# matplotlib draws to files only: there is no display in the sandbox.
+	printf 'backend: Agg\n' >"$root/etc/matplotlibrc"
+	chroot "$root" ldconfig
+
+	log "cleaning"
+	rm -f "$root/usr/sbin/policy-rc.d"
+	: >"$root/etc/resolv.conf"
+	chroot "$root" apt-get clean
+	rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/log/* \
+		"$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+		"$root"/tmp/* "$root"/var/tmp/* "$root"/root/.cache
+	# No device nodes, fifos or sockets: the sandbox brings its own /dev.
+	find "$root" -xdev \( -type b -o -type c -o -type p -o -type s \) -delete
+	# No setuid/setgid programs: nothing inside may gain privileges.
+	find "$root" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+
+	log "writing $out"
+	mkdir -p "$(dirname "$out")"
+	local gz=gzip
+	command -v pigz >/dev/null && gz=pigz
+	tar --numeric-owner --one-file-system -C "$root" -cf - . | "$gz" -1 >"$out.partial"
+	mv "$out.partial" "$out"
+	log "archive ready: $(du -h "$out" | cut -f1)"
+}
+
+case "${1:-}" in
+--key)
+	echo "$key"
+	;;
+--archive)
+	build_archive "${2:?usage: build-rootfs.sh --archive OUT.tar.gz}"
+	;;
+"")
+	[[ -x $safe_run ]] || { echo "build-rootfs: $safe_run is missing; run: make bin/safe-run" >&2; exit 1; }
+	if "$safe_run" image check --name default --key "$key" >/dev/null 2>&1; then
+		log "default image $key is up to date"
+		exit 0
+	fi
+	archive="$("$safe_run" image dir)/archives/default-$key.tar.gz"
+	if [[ ! -s $archive ]]; then
+		build_archive "$archive"
+	else
+		log "reusing archive $archive"
+	fi
+	"$safe_run" image import --name default --key "$key" "$archive"
+	;;
+*)
+	sed -n '2,12p' "${BASH_SOURCE[0]}" >&2
+	exit 2
+	;;
+esac
