@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# install-deps.sh — install the host packages safe-run's build needs on
+# Debian or Ubuntu: debootstrap (the default image), pigz (faster archives),
+# ca-certificates. Installs only what is missing; needs root to install.
+set -euo pipefail
+need=()
+command -v debootstrap >/dev/null || need+=(debootstrap)
+command -v pigz >/dev/null || need+=(pigz)
+[[ -e /etc/ssl/certs/ca-certificates.crt ]] || need+=(ca-certificates)
+if ((${#need[@]})); then
+	if [[ $(id -u) != 0 ]]; then
+		echo "install-deps: missing ${need[*]}; install them as root: apt-get install -y ${need[*]}" >&2
+		exit 1
+	fi
+	echo "[deps] apt-get install ${need[*]}" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! command -v go >/dev/null; then
+	echo "install-deps: Go is missing; install Go 1.21 or newer (it fetches the exact toolchain go.mod names by itself)" >&2
+	exit 1
+fi
