@@ -27,11 +27,8 @@ func cmdDoctor(args []string) int {
 	var host hostFlags
 	host.register(fs)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	checks := diagnose(&host)
 	ok := true

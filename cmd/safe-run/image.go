@@ -38,11 +38,8 @@ func cmdImage(args []string) int {
 	name := fs.String("name", rootfs.DefaultName, "image name")
 	key := fs.String("key", "", "content key (import: default the archive's SHA-256)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if err := fs.Parse(args[1:]); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args[1:]); done {
+		return code
 	}
 	store := rootfs.Store{Dir: *cacheDir}
 	switch args[0] {

@@ -4,6 +4,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -70,6 +71,23 @@ func usage(w io.Writer) {
 		fmt.Fprintf(w, "  %-8s %s\n", c.name, c.summary)
 	}
 	fmt.Fprintln(w, "\nRun `safe-run COMMAND -h` for a command's flags.")
+}
+
+// parseFlags parses args into fs. On -h it prints the flags to stdout; on a
+// mistake, one line to stderr. done says the command should return code.
+func parseFlags(fs *flag.FlagSet, args []string) (code int, done bool) {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return 0, false
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(os.Stdout)
+		fs.Usage()
+		return 0, true
+	}
+	fmt.Fprintf(os.Stderr, "safe-run %s: %v; see `safe-run %s -h`\n", fs.Name(), err, fs.Name())
+	return exitUsage, true
 }
 
 // fail prints err as one line and returns the exit code that fits it.

@@ -76,11 +76,8 @@ func cmdRun(args []string) int {
 	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default 1)")
 	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default 1MiB)")
 	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default 256MiB)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return 0
-		}
-		return exitUsage
+	if code, done := parseFlags(fs, args); done {
+		return code
 	}
 	if *timeout < 0 {
 		return fail(&sandbox.InputError{Field: "timeout", Msg: "is negative; give a positive duration such as 30s"})
