@@ -7,8 +7,10 @@ package bundle
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
@@ -72,7 +74,8 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		return nil, fmt.Errorf("build bundle: rootfs %q and agent %q must be absolute paths", cfg.Rootfs, cfg.Agent)
 	}
 	l := job.Limits
-	if l.MemoryBytes <= 0 || l.Processes <= 0 || l.CPUs <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 {
+	if l.MemoryBytes <= 0 || l.Processes <= 0 || l.CPUs <= 0 || l.WorkspaceBytes <= 0 || l.TmpBytes <= 0 ||
+		l.OpenFiles <= 0 || l.FileSizeBytes <= 0 {
 		return nil, fmt.Errorf("build bundle: limits are incomplete: %+v", l)
 	}
 	env := cfg.Env
@@ -86,7 +89,7 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 	memory := l.MemoryBytes + MemoryHeadroom
 	pids := max(HostPidsFloor, 8*int64(l.Processes))
 	period := uint64(100_000)
-	quota := int64(l.CPUs * float64(period))
+	quota := int64(math.Round(l.CPUs * float64(period)))
 	swappiness := uint64(0)
 
 	return &specs.Spec{
@@ -95,7 +98,7 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: UID, GID: GID},
 			Args: []string{AgentPath, "--one-shot", "--workdir", Workspace},
-			Env:  env,
+			Env:  slices.Clone(env),
 			Cwd:  Workspace,
 			// All capability sets empty: the program has no privilege at all.
 			Capabilities:    &specs.LinuxCapabilities{},
@@ -124,8 +127,8 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 				CPU:    &specs.LinuxCPU{Quota: &quota, Period: &period},
 			},
 			Seccomp:       filter,
-			MaskedPaths:   maskedPaths,
-			ReadonlyPaths: readonlyPaths,
+			MaskedPaths:   slices.Clone(maskedPaths),
+			ReadonlyPaths: slices.Clone(readonlyPaths),
 		},
 	}, nil
 }
@@ -139,7 +142,9 @@ func mounts(l sandbox.Limits, agent string) []specs.Mount {
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", size(64 * sandbox.MiB)}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
-		{Destination: Workspace, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size(l.WorkspaceBytes)}},
+		// The workspace belongs to the program's user, as a home would.
+		{Destination: Workspace, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755",
+			"uid=" + strconv.Itoa(UID), "gid=" + strconv.Itoa(GID), size(l.WorkspaceBytes)}},
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size(l.TmpBytes)}},
 		{Destination: AgentPath, Type: "bind", Source: agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
 	}

@@ -30,6 +30,8 @@ var Denied = []string{
 	"mount", "umount", "umount2", "mount_setattr", "move_mount", "open_tree",
 	"fsopen", "fsconfig", "fsmount", "fspick", "pivot_root", "chroot",
 	"unshare", "setns",
+	// socketcall would bypass the socket family rule below on 32-bit ABIs.
+	"socketcall",
 	"kexec_load", "kexec_file_load", "init_module", "finit_module", "delete_module",
 }
 
