@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# check-leftovers.sh — fail if any safe-run sandbox left something on this
+# host: a runsc process, a run's cgroup, a mount, or a per-run state directory.
+set -uo pipefail
+state=${SAFE_RUN_STATE_DIR:-/run/safe-run}
+bad=0
+report() { echo "left behind: $*" >&2; bad=1; }
+
+while read -r pid args; do
+	report "process $pid: $args"
+done < <(pgrep -a -f 'runsc .*safe-run-[0-9a-f]{8}-' || true)
+while read -r dir; do
+	report "cgroup $dir"
+done < <(find /sys/fs/cgroup -maxdepth 8 -type d -name 'safe-run-*' 2>/dev/null)
+while read -r line; do
+	report "mount $line"
+done < <(grep -E 'safe-run-[0-9a-f]{8}-' /proc/self/mountinfo || true)
+if [[ -d $state ]]; then
+	while read -r dir; do
+		report "state directory $dir"
+	done < <(find "$state" -mindepth 1 -maxdepth 1)
+fi
+if ((bad)); then
+	exit 1
+fi
+echo "nothing left behind: no runsc process, cgroup, mount or state directory of a run" >&2
