@@ -27,13 +27,17 @@ type Config struct {
 	// every other process in the sandbox is killed, so nothing the program
 	// started outlives it.
 	OneShot bool
+	// User, if set, is the user programs run as, and the owner of the files
+	// written for them. The agent itself then needs the capabilities to
+	// switch to it; the program is left with none.
+	User *syscall.Credential
 }
 
 // Serve answers requests read from r with events written to w until r ends
 // (or after one request in one-shot mode). It must run as the sandbox's
 // first process: it reaps orphaned processes, as init does.
 func Serve(r io.Reader, w io.Writer, cfg Config) error {
-	s := &server{cfg: cfg, enc: json.NewEncoder(w), reaper: newReaper()}
+	s := &server{cfg: cfg, enc: json.NewEncoder(w), reaper: sharedReaper()}
 	if err := s.send(Event{Ready: &Ready{Version: ProtocolVersion}}); err != nil {
 		return err
 	}
@@ -74,7 +78,7 @@ func (s *server) send(ev Event) error {
 
 // run runs one request to completion and describes how it ended.
 func (s *server) run(req *Request) *Exit {
-	if err := writeFiles(s.cfg.Workdir, req.Files); err != nil {
+	if err := writeFiles(s.cfg.Workdir, req.Files, s.cfg.User); err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
@@ -104,7 +108,7 @@ func (s *server) run(req *Request) *Exit {
 		Dir:   s.cfg.Workdir,
 		Env:   append(os.Environ(), req.Env...),
 		Files: []*os.File{inR, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
 	})
 	var done <-chan unix.WaitStatus
 	if err == nil {
@@ -215,8 +219,9 @@ func (c *streamCapture) drain(r *os.File) {
 	}
 }
 
-// writeFiles writes files below dir, refusing any path that would leave it.
-func writeFiles(dir string, files []File) error {
+// writeFiles writes files below dir, refusing any path that would leave it,
+// and gives them (and the directories it creates) to owner if set.
+func writeFiles(dir string, files []File, owner *syscall.Credential) error {
 	if len(files) == 0 {
 		return nil
 	}
@@ -227,23 +232,48 @@ func writeFiles(dir string, files []File) error {
 	defer root.Close()
 	for _, f := range files {
 		name := filepath.Clean(f.Path)
-		if filepath.IsAbs(name) || name == "." || strings.HasPrefix(name, "..") {
+		if filepath.IsAbs(name) || name == "." || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("write %q: path leaves the workspace", f.Path)
 		}
 		mode := os.FileMode(f.Mode & 0o777)
 		if mode == 0 {
 			mode = 0o644
 		}
-		if d := filepath.Dir(name); d != "." {
-			if err := root.MkdirAll(d, 0o755); err != nil {
-				return fmt.Errorf("write %q: %w", f.Path, err)
-			}
+		if err := mkdirAll(root, filepath.Dir(name), owner); err != nil {
+			return fmt.Errorf("write %q: %w", f.Path, err)
 		}
 		if err := writeFile(root, name, f.Data, mode); err != nil {
 			return fmt.Errorf("write %q: %w", f.Path, err)
 		}
+		if err := chown(root, name, owner); err != nil {
+			return fmt.Errorf("write %q: %w", f.Path, err)
+		}
 	}
 	return nil
+}
+
+// mkdirAll creates dir and its missing parents below root, owned by owner.
+func mkdirAll(root *os.Root, dir string, owner *syscall.Credential) error {
+	if dir == "." {
+		return nil
+	}
+	if fi, err := root.Lstat(dir); err == nil && fi.IsDir() {
+		return nil
+	}
+	if err := mkdirAll(root, filepath.Dir(dir), owner); err != nil {
+		return err
+	}
+	if err := root.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return chown(root, dir, owner)
+}
+
+func chown(root *os.Root, name string, owner *syscall.Credential) error {
+	if owner == nil {
+		return nil
+	}
+	return root.Lchown(name, int(owner.Uid), int(owner.Gid))
 }
 
 // writeFile writes one file below root with exactly mode (no umask).
@@ -286,7 +316,9 @@ type reaper struct {
 	waiting map[int]chan unix.WaitStatus
 }
 
-func newReaper() *reaper {
+// sharedReaper returns the process's one reaper: there can be only one
+// waiter for any child, however many times Serve is called.
+var sharedReaper = sync.OnceValue(func() *reaper {
 	r := &reaper{waiting: make(map[int]chan unix.WaitStatus)}
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, unix.SIGCHLD)
@@ -296,7 +328,7 @@ func newReaper() *reaper {
 		}
 	}()
 	return r
-}
+})
 
 // expectLocked registers pid; r.mu must be held, so that a fast exit cannot
 // be reaped before it is registered.

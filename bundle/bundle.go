@@ -27,11 +27,24 @@ const (
 	Workspace = "/workspace"
 )
 
-// UID and GID of every sandboxed process: the conventional "nobody".
+// UID and GID of the sandboxed program and everything it starts: the
+// conventional "nobody", with no capabilities.
 const (
 	UID = 65534
 	GID = 65534
 )
+
+// AgentCapabilities are all the agent holds. The agent is the sandbox's
+// first process and runs as root inside gVisor (never on the host), so that
+// the program, a different user, can neither signal nor inspect it, and a
+// fork bomb exhausting the program's process limit cannot starve it. It
+// needs to write the job's files and hand them to the program's user
+// (CHOWN, DAC_OVERRIDE, FOWNER), start the program as that user (SETUID,
+// SETGID), and kill whatever the program leaves behind (KILL). The program
+// loses them all when the agent switches to its user.
+var AgentCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID",
+}
 
 // MemoryHeadroom is added to a job's memory limit for gVisor's own use
 // (the sentry, the gofer, page tables), measured at 50–60 MiB here, so
@@ -96,12 +109,18 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		Version: specs.Version,
 		Root:    &specs.Root{Path: cfg.Rootfs, Readonly: true},
 		Process: &specs.Process{
-			User: specs.User{UID: UID, GID: GID},
-			Args: []string{AgentPath, "--one-shot", "--workdir", Workspace},
-			Env:  slices.Clone(env),
-			Cwd:  Workspace,
-			// All capability sets empty: the program has no privilege at all.
-			Capabilities:    &specs.LinuxCapabilities{},
+			User: specs.User{UID: 0, GID: 0},
+			Args: []string{AgentPath, "--one-shot", "--workdir", Workspace,
+				"--uid", strconv.Itoa(UID), "--gid", strconv.Itoa(GID)},
+			Env: slices.Clone(env),
+			Cwd: Workspace,
+			// Nothing inheritable or ambient: the program, started by the
+			// agent as another user, ends up with no capability at all.
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  slices.Clone(AgentCapabilities),
+				Effective: slices.Clone(AgentCapabilities),
+				Permitted: slices.Clone(AgentCapabilities),
+			},
 			NoNewPrivileges: true,
 			Rlimits: []specs.POSIXRlimit{
 				{Type: "RLIMIT_NOFILE", Hard: uint64(l.OpenFiles), Soft: uint64(l.OpenFiles)},

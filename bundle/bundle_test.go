@@ -178,9 +178,10 @@ func checkRoot(t *testing.T, _ sandbox.Limits, spec *specs.Spec) {
 }
 
 func checkUser(t *testing.T, _ sandbox.Limits, spec *specs.Spec) {
+	// The agent runs as root inside gVisor; it starts the program as nobody.
 	u := spec.Process.User
-	if u.UID != 65534 || u.GID != 65534 {
-		t.Errorf("User = %d:%d, want 65534:65534 (nobody)", u.UID, u.GID)
+	if u.UID != 0 || u.GID != 0 {
+		t.Errorf("User = %d:%d, want the agent as 0:0", u.UID, u.GID)
 	}
 	if len(u.AdditionalGids) > 0 {
 		t.Errorf("AdditionalGids = %v, want none", u.AdditionalGids)
@@ -188,22 +189,30 @@ func checkUser(t *testing.T, _ sandbox.Limits, spec *specs.Spec) {
 	if bundle.UID != 65534 || bundle.GID != 65534 {
 		t.Errorf("UID, GID = %d, %d, want 65534, 65534", bundle.UID, bundle.GID)
 	}
+	args := strings.Join(spec.Process.Args, " ")
+	if !strings.Contains(args, "--uid 65534 --gid 65534") {
+		t.Errorf("agent args %q do not make it run the program as 65534:65534", args)
+	}
 }
 
 func checkCapabilities(t *testing.T, _ sandbox.Limits, spec *specs.Spec) {
 	c := spec.Process.Capabilities
 	// A nil set lets some runtimes apply their defaults; the sets must be
-	// given, and empty.
+	// given explicitly.
 	if c == nil {
-		t.Fatal("Capabilities is nil, want every set given and empty")
+		t.Fatal("Capabilities is nil, want every set given")
 	}
-	for name, set := range map[string][]string{
-		"bounding":    c.Bounding,
-		"effective":   c.Effective,
-		"inheritable": c.Inheritable,
-		"permitted":   c.Permitted,
-		"ambient":     c.Ambient,
-	} {
+	want := []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
+	if !slices.Equal(bundle.AgentCapabilities, want) {
+		t.Errorf("AgentCapabilities = %v, want exactly %v", bundle.AgentCapabilities, want)
+	}
+	for name, set := range map[string][]string{"bounding": c.Bounding, "effective": c.Effective, "permitted": c.Permitted} {
+		if !slices.Equal(set, want) {
+			t.Errorf("%s capabilities = %v, want the agent's %v", name, set, want)
+		}
+	}
+	// Nothing may pass to the program across its exec.
+	for name, set := range map[string][]string{"inheritable": c.Inheritable, "ambient": c.Ambient} {
 		if len(set) > 0 {
 			t.Errorf("%s capabilities = %v, want none", name, set)
 		}
