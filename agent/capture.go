@@ -13,8 +13,8 @@ type Capture struct {
 	total int64
 }
 
-func (c *Capture) headMax() int64 { return c.Max - c.Max/2 }
-func (c *Capture) tailMax() int64 { return c.Max / 2 }
+func (c *Capture) headMax() int64 { return max(0, c.Max-c.Max/2) }
+func (c *Capture) tailMax() int64 { return max(0, c.Max/2) }
 
 // Write records p. It never fails.
 func (c *Capture) Write(p []byte) (int, error) {

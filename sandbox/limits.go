@@ -162,6 +162,14 @@ func ParseBytes(s string) (int64, error) {
 	if num == "" || !ok {
 		return 0, fmt.Errorf("invalid size %q; write a number with an optional unit, e.g. 512MiB or 2GiB", s)
 	}
+	if !strings.Contains(num, ".") {
+		// Whole numbers are exact, up to the largest int64.
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil || n > math.MaxInt64/mult {
+			return 0, fmt.Errorf("size %q is too large", s)
+		}
+		return n * mult, nil
+	}
 	f, err := strconv.ParseFloat(num, 64)
 	if err != nil {
 		return 0, fmt.Errorf("invalid size %q; write a number with an optional unit, e.g. 512MiB or 2GiB", s)

@@ -5,6 +5,7 @@ import (
 	"path"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -74,9 +75,22 @@ func (p Policy) Language(name string) (Language, bool) {
 	return p.languages()[i], true
 }
 
-// Limits returns the default, minimum and maximum limits of the policy.
+// Limits returns the default, minimum and maximum limits of the policy. A
+// default above the policy's maximum is lowered to it, so that a policy with
+// a small maximum does not refuse every job that asks for nothing.
 func (p Policy) Limits() (def, lo, hi Limits) {
-	return p.Default.withDefaults(DefaultLimits), p.Min.withDefaults(MinLimits), p.Max.withDefaults(MaxLimits)
+	lo, hi = p.Min.withDefaults(MinLimits), p.Max.withDefaults(MaxLimits)
+	def = p.Default.withDefaults(DefaultLimits)
+	def.Timeout = min(def.Timeout, hi.Timeout)
+	def.MemoryBytes = min(def.MemoryBytes, hi.MemoryBytes)
+	def.Processes = min(def.Processes, hi.Processes)
+	def.CPUs = min(def.CPUs, hi.CPUs)
+	def.OutputBytes = min(def.OutputBytes, hi.OutputBytes)
+	def.WorkspaceBytes = min(def.WorkspaceBytes, hi.WorkspaceBytes)
+	def.TmpBytes = min(def.TmpBytes, hi.TmpBytes)
+	def.FileSizeBytes = min(def.FileSizeBytes, hi.FileSizeBytes)
+	def.OpenFiles = min(def.OpenFiles, hi.OpenFiles)
+	return def, lo, hi
 }
 
 // Check validates job and returns it with defaults filled in, and the
@@ -127,6 +141,9 @@ func (p Policy) checkFiles(job Job, lang Language) error {
 	if len(job.Files) > maxFiles {
 		return &InputError{Field: "files", Msg: fmt.Sprintf("%d files given, the limit is %d; pack them into an archive", len(job.Files), maxFiles)}
 	}
+	if int64(len(job.Stdin)) > maxBytes {
+		return &InputError{Field: "stdin", Msg: fmt.Sprintf("is %d bytes, over the %s limit", len(job.Stdin), FormatBytes(maxBytes))}
+	}
 	total := int64(len(job.Stdin))
 	seen := make(map[string]bool, len(job.Files))
 	for _, f := range job.Files {
@@ -143,6 +160,7 @@ func (p Policy) checkFiles(job Job, lang Language) error {
 		seen[clean] = true
 		total += int64(len(f.Data))
 	}
+	seen[lang.Filename] = true // no file may sit below the code file either
 	for p := range seen {
 		for dir := path.Dir(p); dir != "."; dir = path.Dir(dir) {
 			if seen[dir] {
@@ -151,7 +169,7 @@ func (p Policy) checkFiles(job Job, lang Language) error {
 		}
 	}
 	if total > maxBytes {
-		return &InputError{Field: "files", Msg: fmt.Sprintf("files and stdin total %s, over the %s limit", FormatBytes(total), FormatBytes(maxBytes))}
+		return &InputError{Field: "files", Msg: fmt.Sprintf("files and stdin total %d bytes, over the %s limit", total, FormatBytes(maxBytes))}
 	}
 	return nil
 }
@@ -165,7 +183,7 @@ func CheckPath(p string) error {
 		return fmt.Errorf("empty file path; give a path relative to /workspace")
 	case len(p) > 1024:
 		return fmt.Errorf("file path of %d bytes is too long; the limit is 1024", len(p))
-	case !utf8.ValidString(p) || strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+	case !utf8.ValidString(p) || strings.ContainsFunc(p, unicode.IsControl):
 		return fmt.Errorf("file path %q has control characters or invalid UTF-8", p)
 	case strings.HasPrefix(p, "/"):
 		return fmt.Errorf("file path %q is absolute; give a path relative to /workspace", p)
