@@ -32,7 +32,8 @@ type ExtractStats struct {
 	Bytes   int64 // bytes of regular files written
 	// Skipped counts entries not written: device nodes, fifos, sockets.
 	Skipped int
-	// Stripped counts files whose setuid, setgid or sticky bits were removed.
+	// Stripped counts entries whose setuid or setgid bits (or, on files,
+	// sticky bit) were removed.
 	Stripped int
 }
 
@@ -70,7 +71,12 @@ func Extract(r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			return st, nil
+			// Read the compressed stream to its end, so that its checksum
+			// and length are verified.
+			if _, err := io.Copy(io.Discard, src); err != nil {
+				return st, fmt.Errorf("extract: read archive: %w", err)
+			}
+			return st, x.finishDirs()
 		}
 		if err != nil {
 			return st, fmt.Errorf("extract: read archive: %w", err)
@@ -86,6 +92,22 @@ type extractor struct {
 	limits ExtractLimits
 	stats  *ExtractStats
 	chown  bool
+	// dirModes are applied after the last entry: a read-only directory
+	// must still receive the entries listed after it.
+	dirModes map[string]fs.FileMode
+}
+
+// finishDirs gives every directory the archive listed its mode.
+func (x *extractor) finishDirs() error {
+	for name, mode := range x.dirModes {
+		if fi, err := x.root.Lstat(name); err != nil || !fi.IsDir() {
+			continue // replaced by a later entry
+		}
+		if err := x.root.Chmod(name, mode); err != nil {
+			return fmt.Errorf("extract: set mode of %q: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // ErrUnsafePath reports an archive entry that would land outside the root.
@@ -115,25 +137,28 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 		return fmt.Errorf("archive has more than %d entries", x.limits.MaxEntries)
 	}
 	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
-	if hdr.Mode&0o6000 != 0 {
+	if hdr.Mode&0o6000 != 0 || hdr.Typeflag != tar.TypeDir && hdr.Mode&0o1000 != 0 {
 		x.stats.Stripped++
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if name == "." {
-			return x.root.Chmod(".", mode)
-		}
-		if err := x.prepare(name, true); err != nil {
-			return err
-		}
-		if err := x.root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
-			return err
-		}
 		if hdr.Mode&0o1000 != 0 {
 			mode |= fs.ModeSticky // /tmp-like directories keep their sticky bit
 		}
-		if err := x.root.Chmod(name, mode); err != nil {
-			return err
+		if name != "." {
+			if err := x.prepare(name, true); err != nil {
+				return err
+			}
+			if err := x.root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		}
+		if x.dirModes == nil {
+			x.dirModes = make(map[string]fs.FileMode)
+		}
+		x.dirModes[name] = mode
+		if name == "." {
+			return nil
 		}
 	case tar.TypeReg:
 		if err := x.regular(name, hdr, mode, body); err != nil {
@@ -214,10 +239,8 @@ func (x *extractor) regular(name string, hdr *tar.Header, mode fs.FileMode, body
 // when the archive did not list them) and whatever stood at name is gone,
 // unless both it and the new entry are directories.
 func (x *extractor) prepare(name string, isDir bool) error {
-	if dir := path.Dir(name); dir != "." {
-		if err := x.root.MkdirAll(dir, 0o755); err != nil {
-			return err
-		}
+	if err := mkdirAll(x.root, path.Dir(name)); err != nil {
+		return err
 	}
 	fi, err := x.root.Lstat(name)
 	switch {
@@ -229,4 +252,22 @@ func (x *extractor) prepare(name string, isDir bool) error {
 		return nil
 	}
 	return x.root.RemoveAll(name)
+}
+
+// mkdirAll creates dir and its missing parents below root with mode 0755,
+// whatever the umask.
+func mkdirAll(root *os.Root, dir string) error {
+	if dir == "." || dir == "/" {
+		return nil
+	}
+	if fi, err := root.Stat(dir); err == nil && fi.IsDir() {
+		return nil // a directory, or a link to one inside the root
+	}
+	if err := mkdirAll(root, path.Dir(dir)); err != nil {
+		return err
+	}
+	if err := root.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return root.Chmod(dir, 0o755)
 }

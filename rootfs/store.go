@@ -118,19 +118,16 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 	}
 	defer unlock()
 
-	if opts.Key != "" {
-		if img, err := s.image(opts.Key); err == nil {
-			return img, s.setName(name, opts.Key)
+	img, err := s.image(opts.Key)
+	if opts.Key == "" || err != nil {
+		if img, err = s.extract(archivePath, opts); err != nil {
+			return Image{}, err
 		}
-	}
-	img, err := s.extract(archivePath, opts)
-	if err != nil {
-		return Image{}, err
 	}
 	if err := s.setName(name, img.Key); err != nil {
 		return Image{}, err
 	}
-	img.Names = append(img.Names, name)
+	img.Names = []string{name}
 	return img, nil
 }
 
@@ -158,6 +155,9 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 	if err := os.Mkdir(rootDir, 0o755); err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
 	}
+	if err := os.Chmod(rootDir, 0o755); err != nil { // whatever the umask
+		return Image{}, fmt.Errorf("import: %w", err)
+	}
 	limits := opts.Limits
 	if limits == (ExtractLimits{}) {
 		limits = DefaultExtractLimits
@@ -182,6 +182,10 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 	key := opts.Key
 	if key == "" {
 		key = "sha256-" + sum[:32]
+		// The same archive imported before: keep that copy.
+		if img, err := s.image(key); err == nil {
+			return img, nil
+		}
 	}
 	abs, _ := filepath.Abs(archivePath)
 	img := Image{Key: key, Source: abs, SourceSHA256: sum, Created: time.Now().UTC(), Stats: stats}
@@ -219,26 +223,35 @@ func makeMountpoints(root string, mp Mountpoints) error {
 	}
 	defer r.Close()
 	for _, d := range mp.Dirs {
-		if err := r.MkdirAll(filepath.Clean("./"+d), 0o755); err != nil {
+		if err := mkdirAll(r, filepath.Clean("./"+d)); err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", d, err)
 		}
 	}
 	for _, name := range mp.Files {
 		rel := filepath.Clean("./" + name)
-		if err := r.MkdirAll(filepath.Dir(rel), 0o755); err != nil {
+		if err := mkdirAll(r, filepath.Dir(rel)); err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", name, err)
 		}
 		f, err := r.OpenFile(rel, os.O_WRONLY|os.O_CREATE, 0o644)
 		if err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", name, err)
 		}
-		f.Close()
+		err = f.Chmod(0o644)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("create mountpoint %s: %w", name, err)
+		}
 	}
 	return nil
 }
 
 // Lookup returns the complete image that name points to.
 func (s Store) Lookup(name string) (Image, error) {
+	if !validKey.MatchString(name) {
+		return Image{}, fmt.Errorf("invalid image name %q; use lower-case letters, digits, '.', '_' and '-'", name)
+	}
 	key, err := os.ReadFile(filepath.Join(s.dir(), "names", name))
 	if errors.Is(err, fs.ErrNotExist) {
 		return Image{}, &NotFoundError{Name: name, Dir: s.dir()}
