@@ -181,6 +181,8 @@ print("PROBE-OK" if not extra else extra)`},
 		{"process limit is RLIMIT_NPROC", "bash", `[ "$(ulimit -u)" = 128 ] && echo PROBE-OK`},
 		{"no core dumps", "bash", `[ "$(ulimit -c)" = 0 ] && echo PROBE-OK`},
 		{"workspace size is capped", "bash", `head -c 300M /dev/zero > big 2>/dev/null; [ $(stat -c %s big) -le $((256*1024*1024)) ] && echo PROBE-OK`},
+		{"the agent is out of the program's reach", "bash",
+			`! kill -9 1 2>/dev/null && ! cat /proc/1/environ >/dev/null 2>&1 && ! ls /proc/1/fd >/dev/null 2>&1 && echo PROBE-OK`},
 		{"host processes are invisible", "bash", `[ "$(ls -d /proc/[0-9]* | wc -l)" -lt 10 ] && echo PROBE-OK`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -199,7 +201,9 @@ print("PROBE-OK" if not extra else extra)`},
 func TestEnvironmentHidesServerSecrets(t *testing.T) {
 	t.Setenv("SAFE_RUN_TEST_CANARY", "canary-4f1d")
 	rt := newTestRuntime(t, sandbox.Policy{})
-	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: `env; tr '\0' '\n' < /proc/1/environ`})
+	// The agent (pid 1) is another user: its environment must be either
+	// unreadable or as clean as the program's own.
+	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: `env; tr '\0' '\n' < /proc/1/environ 2>/dev/null || echo agent-environ-denied`})
 	wantStatus(t, res, sandbox.StatusOK)
 	if strings.Contains(res.Stdout, "canary-4f1d") {
 		t.Errorf("the server's environment reached the sandbox:\n%s", res.Stdout)
@@ -214,7 +218,7 @@ func TestExitStatuses(t *testing.T) {
 	for _, tc := range []struct {
 		name, lang, code string
 		status           sandbox.Status
-		exit            int
+		exit             int
 		signal           string
 	}{
 		{"non-zero exit", "python", "import sys; print('x'); sys.exit(3)", sandbox.StatusError, 3, ""},

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -32,10 +34,11 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 	}
 	start := time.Now()
 	r := &run{
-		rt:   rt,
-		id:   "safe-run-" + uuid.NewString(),
-		job:  job,
-		lang: lang,
+		rt:    rt,
+		id:    "safe-run-" + uuid.NewString(),
+		job:   job,
+		lang:  lang,
+		start: start,
 	}
 	r.dir = filepath.Join(rt.cfg.StateDir, r.id)
 	res := r.execute(ctx)
@@ -45,9 +48,10 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 			res.Message = "the run finished, but cleaning up its sandbox failed: " + err.Error()
 		}
 	}
+	r.mark("cleaned_up")
 	res.DurationMS = time.Since(start).Milliseconds()
 	rt.log.Debug("run finished", "id", r.id, "language", job.Language, "status", res.Status,
-		"exit_code", res.ExitCode, "duration_ms", res.DurationMS)
+		"exit_code", res.ExitCode, "duration_ms", res.DurationMS, slog.Group("ms_since_start", r.phases...))
 	return res, nil
 }
 
@@ -60,10 +64,18 @@ type run struct {
 	lang sandbox.Language
 	cg   *runCgroup
 
+	start  time.Time
+	phases []any // slog attributes: milliseconds from start to each phase
+
 	stdout, stderr stream
 	ready          chan struct{} // closed when the agent says it is up
 	exit           *agent.Exit   // the agent's report, if it came
 	protoErr       error         // a malformed or oversized event stream
+}
+
+// mark records that a phase of the run was reached, for debug logs.
+func (r *run) mark(phase string) {
+	r.phases = append(r.phases, slog.Float64(phase, float64(time.Since(r.start).Microseconds())/1000))
 }
 
 func (r *run) bundleDir() string { return filepath.Join(r.dir, "bundle") }
@@ -88,16 +100,19 @@ func (r *run) execute(ctx context.Context) sandbox.Result {
 	if err := bundle.Write(r.bundleDir(), spec); err != nil {
 		return fail(err)
 	}
+	r.mark("bundle_written")
 	if r.cg, err = newRunCgroup(r.rt.cgroups, r.id, spec.Linux.Resources); err != nil {
 		return fail(err)
 	}
+	r.mark("cgroup_created")
 
 	r.stdout = stream{capture: agent.Capture{Max: r.job.Limits.OutputBytes}, live: r.job.Stdout}
 	r.stderr = stream{capture: agent.Capture{Max: r.job.Limits.OutputBytes}, live: r.job.Stderr}
-	ended, err := r.start(ctx)
+	ended, err := r.launch(ctx)
 	if err != nil {
 		return fail(err)
 	}
+	r.mark("runsc_exited")
 
 	oomKills, peak, usageErr := r.cg.usage()
 	if usageErr != nil {
@@ -150,9 +165,9 @@ type ending struct {
 	err         error
 }
 
-// start runs `runsc run` inside the run's cgroup, hands the agent its
+// launch runs `runsc run` inside the run's cgroup, hands the agent its
 // request and waits for the end, enforcing the host's own deadline.
-func (r *run) start(ctx context.Context) (ending, error) {
+func (r *run) launch(ctx context.Context) (ending, error) {
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
 		return ending{}, err
@@ -180,6 +195,7 @@ func (r *run) start(ctx context.Context) (ending, error) {
 		closeFiles(stdinW, stdoutR)
 		return ending{}, fmt.Errorf("start runsc: %w", err)
 	}
+	r.mark("runsc_started")
 
 	r.ready = make(chan struct{})
 	events := make(chan struct{})
@@ -254,8 +270,8 @@ func (r *run) shimArgs() []string {
 		"--root", r.runscRoot(),
 		"--platform", r.rt.cfg.Platform,
 		"--network", "none", // the sandbox gets only a loopback interface
-		"--oci-seccomp",     // apply the bundle's seccomp filter inside gVisor
-		"--ignore-cgroups",  // safe-run owns the cgroup and starts runsc inside it
+		"--oci-seccomp",      // apply the bundle's seccomp filter inside gVisor
+		"--ignore-cgroups",   // safe-run owns the cgroup and starts runsc inside it
 		"--overlay2", "none", // the root is read-only; nothing needs an overlay
 	)
 	if d := r.rt.cfg.DebugLogDir; d != "" {
@@ -304,12 +320,14 @@ func (r *run) readEvents(pipe io.Reader) {
 		switch {
 		case ev.Ready != nil && !readyOnce:
 			readyOnce = true
+			r.mark("agent_ready")
 			close(r.ready)
 		case ev.Output != nil && ev.Output.Stream == agent.Stdout:
 			r.stdout.write(ev.Output.Data)
 		case ev.Output != nil && ev.Output.Stream == agent.Stderr:
 			r.stderr.write(ev.Output.Data)
 		case ev.Exit != nil && r.exit == nil:
+			r.mark("program_exited")
 			r.exit = ev.Exit
 		}
 	}
@@ -355,15 +373,18 @@ func (r *run) runscLogTail() string {
 // remove.
 func (r *run) cleanup() error {
 	var errs []error
-	if _, err := os.Stat(r.runscRoot()); err == nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		// A plain delete right after exit can fail; --force always works.
-		if out, err := r.rt.runsc(ctx, r.runscRoot(), "delete", "--force", r.id); err != nil && !isNotExist(out) {
-			errs = append(errs, err)
+	if entries, err := os.ReadDir(r.runscRoot()); err == nil {
+		// `runsc run` removes its container's state when it exits normally;
+		// anything else under its root means a sandbox may still be there.
+		if slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.Name() != nullNetNS }) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			// A plain delete right after exit can fail; --force always works.
+			if out, err := r.rt.runsc(ctx, r.runscRoot(), "delete", "--force", r.id); err != nil && !isNotExist(out) {
+				errs = append(errs, err)
+			}
+			cancel()
 		}
-		cancel()
-		nullNetNS := filepath.Join(r.runscRoot(), "null-netns")
-		for unix.Unmount(nullNetNS, unix.MNT_DETACH) == nil {
+		for unix.Unmount(filepath.Join(r.runscRoot(), nullNetNS), unix.MNT_DETACH) == nil {
 			// runsc may stack several mounts on the same path.
 		}
 	}
@@ -377,6 +398,10 @@ func (r *run) cleanup() error {
 	}
 	return errors.Join(errs...)
 }
+
+// nullNetNS is the network namespace runsc --network=none bind-mounts under
+// its root and leaves there.
+const nullNetNS = "null-netns"
 
 func isNotExist(runscOutput []byte) bool {
 	out := string(runscOutput)
