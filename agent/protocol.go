@@ -35,6 +35,32 @@ type Request struct {
 	Timeout time.Duration `json:"timeout"`
 	// OutputBytes caps what is kept of stdout and of stderr, each.
 	OutputBytes int64 `json:"output_bytes"`
+	// Collect, if set, asks for the files the program left in a directory
+	// of the workspace.
+	Collect *Collect `json:"collect,omitempty"`
+}
+
+// Collect says which files to send back after a run, and how much.
+type Collect struct {
+	// Dir is relative to the workspace, e.g. "out". Its regular files are
+	// returned, recursively, in path order; symbolic links are never
+	// followed.
+	Dir string `json:"dir"`
+	// MaxFiles, MaxFileBytes and MaxTotalBytes bound what is returned;
+	// files beyond them are listed with Skipped set instead of their data.
+	MaxFiles      int   `json:"max_files"`
+	MaxFileBytes  int64 `json:"max_file_bytes"`
+	MaxTotalBytes int64 `json:"max_total_bytes"`
+}
+
+// OutputFile is a file found in the Collect directory.
+type OutputFile struct {
+	// Path is relative to the Collect directory.
+	Path string `json:"path"`
+	Size int64  `json:"size"`
+	Data []byte `json:"data,omitempty"`
+	// Skipped says why Data is absent, e.g. "symbolic link (not followed)".
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // File is a file to write into the workspace.
@@ -99,4 +125,6 @@ type Exit struct {
 	Error string `json:"error,omitempty"`
 	// Duration is the program's wall time as the agent measured it.
 	Duration time.Duration `json:"duration"`
+	// Files are the collected output files, if the request asked for them.
+	Files []OutputFile `json:"files,omitempty"`
 }

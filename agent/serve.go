@@ -159,6 +159,9 @@ func (s *server) run(req *Request) *Exit {
 	}
 	exit.StdoutBytes, exit.StdoutTail = stdout.Total(), stdout.Tail()
 	exit.StderrBytes, exit.StderrTail = stderr.Total(), stderr.Tail()
+	if req.Collect != nil {
+		exit.Files = collect(s.cfg.Workdir, req.Collect)
+	}
 	return exit
 }
 

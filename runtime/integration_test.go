@@ -446,3 +446,31 @@ func TestFiftyRunsLeaveNothingBehind(t *testing.T) {
 	}
 	assertNothingLeft(t, rt, ids)
 }
+
+func TestOutputFilesComeBackWithoutFollowingLinks(t *testing.T) {
+	rt := newTestRuntime(t, sandbox.Policy{})
+	res := mustRun(t, rt, sandbox.Job{Language: "python", OutputDir: "out", Limits: sandbox.Limits{Timeout: 60 * time.Second}, Code: `
+import os
+import matplotlib.pyplot as plt
+os.makedirs("out/data", exist_ok=True)
+plt.plot([1, 3, 2]); plt.savefig("out/plot.png")
+open("out/data/result.csv", "w").write("a,b\n1,2\n")
+os.symlink("/etc/shadow", "out/shadow")
+os.symlink("/proc/1/root/etc/hostname", "out/hostname")`})
+	wantStatus(t, res, sandbox.StatusOK)
+	byPath := map[string]sandbox.OutputFile{}
+	for _, f := range res.Files {
+		byPath[f.Path] = f
+	}
+	if f := byPath["plot.png"]; !strings.HasPrefix(string(f.Data), "\x89PNG") {
+		t.Errorf("plot.png = %d bytes (%q), want a PNG", len(f.Data), f.Skipped)
+	}
+	if f := byPath["data/result.csv"]; string(f.Data) != "a,b\n1,2\n" {
+		t.Errorf("data/result.csv = %q", f.Data)
+	}
+	for _, link := range []string{"shadow", "hostname"} {
+		if f, ok := byPath[link]; !ok || f.Data != nil || !strings.Contains(f.Skipped, "symbolic link") {
+			t.Errorf("%s = %+v, want listed as a link that was not followed", link, f)
+		}
+	}
+}

@@ -121,6 +121,7 @@ func (r *run) execute(ctx context.Context) sandbox.Result {
 	res.MemoryPeakBytes = peak
 	res.Stdout, res.StdoutTruncated, res.StdoutBytes = r.stdout.result(r.exitTotal(agent.Stdout), r.exitTail(agent.Stdout))
 	res.Stderr, res.StderrTruncated, res.StderrBytes = r.stderr.result(r.exitTotal(agent.Stderr), r.exitTail(agent.Stderr))
+	res.Files = r.outputFiles()
 
 	limits := r.job.Limits
 	switch {
@@ -289,20 +290,62 @@ func (r *run) request() agent.Request {
 		}
 		files = append(files, agent.File{Path: f.Path, Data: f.Data, Mode: mode})
 	}
-	return agent.Request{
+	req := agent.Request{
 		Files:       files,
 		Argv:        r.lang.Command,
 		Stdin:       r.job.Stdin,
 		Timeout:     r.job.Limits.Timeout,
 		OutputBytes: r.job.Limits.OutputBytes,
 	}
+	if r.job.OutputDir != "" {
+		l := r.rt.cfg.Policy.OutputFileLimits()
+		req.Collect = &agent.Collect{Dir: r.job.OutputDir, MaxFiles: l.MaxFiles, MaxFileBytes: l.MaxFileBytes, MaxTotalBytes: l.MaxTotalBytes}
+	}
+	return req
+}
+
+// outputFiles checks the files the agent returned against the policy's
+// caps, as it would have applied them, and keeps only what passes.
+func (r *run) outputFiles() []sandbox.OutputFile {
+	if r.exit == nil || r.job.OutputDir == "" {
+		return nil
+	}
+	l := r.rt.cfg.Policy.OutputFileLimits()
+	var (
+		out   []sandbox.OutputFile
+		total int64
+	)
+	for _, f := range r.exit.Files {
+		if len(out) == l.MaxFiles {
+			break
+		}
+		if sandbox.CheckPath(f.Path) != nil {
+			continue // not a name the agent could have found; drop it
+		}
+		o := sandbox.OutputFile{Path: f.Path, Size: max(f.Size, int64(len(f.Data))), Skipped: f.Skipped}
+		switch {
+		case f.Skipped != "":
+		case int64(len(f.Data)) > l.MaxFileBytes:
+			o.Skipped = "larger than the per-file limit"
+		case total+int64(len(f.Data)) > l.MaxTotalBytes:
+			o.Skipped = "over the total limit of output files"
+		default:
+			o.Data = f.Data
+			total += int64(len(f.Data))
+		}
+		out = append(out, o)
+	}
+	return out
 }
 
 // readEvents reads the agent's events until the pipe ends. The agent runs
 // beside untrusted code, so its stream is bounded and checked.
 func (r *run) readEvents(pipe io.Reader) {
-	// Base64 makes output 4/3 larger; the rest is framing.
+	// Base64 makes data 4/3 larger; the rest is framing.
 	limit := 4*r.job.Limits.OutputBytes + 1<<20
+	if r.job.OutputDir != "" {
+		limit += 2 * r.rt.cfg.Policy.OutputFileLimits().MaxTotalBytes
+	}
 	lr := &io.LimitedReader{R: pipe, N: limit}
 	dec := json.NewDecoder(lr)
 	readyOnce := false

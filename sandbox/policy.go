@@ -41,6 +41,34 @@ type Policy struct {
 	MaxFiles int
 	// MaxFilesBytes caps the total size of Job.Files plus Job.Stdin.
 	MaxFilesBytes int64
+	// OutputFiles bounds what comes back from a job's OutputDir; zero
+	// fields take DefaultOutputFiles'.
+	OutputFiles OutputFileLimits
+}
+
+// OutputFileLimits bound the files a run returns.
+type OutputFileLimits struct {
+	MaxFiles      int   `json:"max_files"`
+	MaxFileBytes  int64 `json:"max_file_bytes"`
+	MaxTotalBytes int64 `json:"max_total_bytes"`
+}
+
+// DefaultOutputFiles are the output file caps of the zero Policy.
+var DefaultOutputFiles = OutputFileLimits{MaxFiles: 32, MaxFileBytes: 8 << 20, MaxTotalBytes: 32 << 20}
+
+// OutputFileLimits returns the policy's output file caps.
+func (p Policy) OutputFileLimits() OutputFileLimits {
+	l := p.OutputFiles
+	if l.MaxFiles == 0 {
+		l.MaxFiles = DefaultOutputFiles.MaxFiles
+	}
+	if l.MaxFileBytes == 0 {
+		l.MaxFileBytes = DefaultOutputFiles.MaxFileBytes
+	}
+	if l.MaxTotalBytes == 0 {
+		l.MaxTotalBytes = DefaultOutputFiles.MaxTotalBytes
+	}
+	return l
 }
 
 // Default input caps of the zero Policy.
@@ -121,6 +149,11 @@ func (p Policy) Check(job Job) (Job, Language, error) {
 	}
 	if err := p.checkFiles(job, lang); err != nil {
 		return job, lang, err
+	}
+	if job.OutputDir != "" {
+		if err := CheckPath(job.OutputDir); err != nil {
+			return job, lang, &InputError{Field: "output_dir", Msg: err.Error()}
+		}
 	}
 	def, lo, hi := p.Limits()
 	job.Limits = job.Limits.withDefaults(def)

@@ -35,6 +35,9 @@ type Job struct {
 	Stdin []byte
 	// Limits bound the run; zero fields take the policy's defaults.
 	Limits Limits
+	// OutputDir, if set, is a directory of the workspace (e.g. "out") whose
+	// files come back in Result.Files, within the policy's output file caps.
+	OutputDir string
 
 	// Stdout and Stderr, when set, receive the program's output while it
 	// runs, capped exactly as the Result's copy is. They are for live
@@ -102,4 +105,19 @@ type Result struct {
 	Message string `json:"message,omitempty"`
 	// SandboxID identifies the sandbox in logs.
 	SandboxID string `json:"sandbox_id,omitempty"`
+	// Files are the files found in the job's OutputDir.
+	Files []OutputFile `json:"files,omitempty"`
+}
+
+// OutputFile is a file the program left in the job's OutputDir.
+type OutputFile struct {
+	// Path is relative to the OutputDir, e.g. "plot.png".
+	Path string `json:"path"`
+	// Size is the file's size in bytes.
+	Size int64 `json:"size"`
+	// Data is the content; nil when Skipped says why it was not returned.
+	Data []byte `json:"-"`
+	// Skipped says why the content was not returned: a symbolic link (never
+	// followed), not a regular file, or over a size cap.
+	Skipped string `json:"skipped,omitempty"`
 }

@@ -65,6 +65,7 @@ func cmdRun(args []string) int {
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
 		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
+		outDir  = fs.String("out", "", "copy the files the program writes to /workspace/out into this directory")
 		files   fileFlag
 		limits  sandbox.Limits
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
@@ -89,6 +90,9 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	job.Limits = limits
+	if *outDir != "" {
+		job.OutputDir = "out"
+	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
 	if _, _, err := (sandbox.Policy{}).Check(job); err != nil {
@@ -121,7 +125,40 @@ func cmdRun(args []string) int {
 	} else if res.Status != sandbox.StatusOK && res.Status != sandbox.StatusError {
 		fmt.Fprintf(os.Stderr, "safe-run: %s: %s\n", res.Status, res.Message)
 	}
+	if *outDir != "" {
+		if err := saveFiles(*outDir, res.Files); err != nil {
+			return fail(err)
+		}
+	}
 	return exitCode(res)
+}
+
+// saveFiles writes the run's output files below dir; a file the run
+// could not return is reported instead.
+func saveFiles(dir string, files []sandbox.OutputFile) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("save output files: %w", err)
+	}
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return fmt.Errorf("save output files: %w", err)
+	}
+	defer root.Close()
+	for _, f := range files {
+		if f.Skipped != "" {
+			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", f.Path, f.Skipped)
+			continue
+		}
+		if d := filepath.Dir(f.Path); d != "." {
+			if err := root.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("save %s: %w", f.Path, err)
+			}
+		}
+		if err := root.WriteFile(f.Path, f.Data, 0o644); err != nil {
+			return fmt.Errorf("save %s: %w", f.Path, err)
+		}
+	}
+	return nil
 }
 
 // exitCode maps a result to safe-run's exit code.
