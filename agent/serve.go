@@ -81,6 +81,13 @@ func (s *server) run(req *Request) *Exit {
 	if err := writeFiles(s.cfg.Workdir, req.Files, s.cfg.User); err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
+	if req.Collect != nil {
+		// The output directory exists from the start, so that programs can
+		// write to it without creating it.
+		if err := makeDir(s.cfg.Workdir, req.Collect.Dir, s.cfg.User); err != nil {
+			return &Exit{Code: -1, Error: err.Error()}
+		}
+	}
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: argv and a positive timeout are required"}
 	}
@@ -251,6 +258,19 @@ func writeFiles(dir string, files []File, owner *syscall.Credential) error {
 		if err := chown(root, name, owner); err != nil {
 			return fmt.Errorf("write %q: %w", f.Path, err)
 		}
+	}
+	return nil
+}
+
+// makeDir creates dir (relative) below workdir, owned by owner.
+func makeDir(workdir, dir string, owner *syscall.Credential) error {
+	root, err := os.OpenRoot(workdir)
+	if err != nil {
+		return fmt.Errorf("open workspace: %w", err)
+	}
+	defer root.Close()
+	if err := mkdirAll(root, filepath.Clean(dir), owner); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/opencontainers/cgroups"
 	"github.com/opencontainers/cgroups/fs"
@@ -193,17 +194,31 @@ func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 	return oomKills, peak, nil
 }
 
-// destroy kills whatever is left in the cgroup (only processes of this run
-// can be there) and removes it.
-func (c *runCgroup) destroy() error {
+// killAll kills every process in the cgroup — runsc, the gofer and the
+// sandbox, all of this run — until none is left or d has passed. Only the
+// run's own processes can be there: the shim put runsc in, and everything
+// else descends from it.
+func (c *runCgroup) killAll(d time.Duration) {
 	if c.mgr == nil {
-		return nil
+		return
 	}
-	if pids, err := c.mgr.GetAllPids(); err == nil {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		pids, err := c.mgr.GetAllPids()
+		if err != nil || len(pids) == 0 || time.Now().After(deadline) {
+			return
+		}
 		for _, pid := range pids {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
+}
+
+// destroy kills whatever is left in the cgroup and removes it.
+func (c *runCgroup) destroy() error {
+	if c.mgr == nil {
+		return nil
+	}
+	c.killAll(2 * time.Second)
 	if err := c.mgr.Destroy(); err != nil {
 		return fmt.Errorf("remove cgroup: %w", err)
 	}

@@ -32,6 +32,8 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 	if err != nil {
 		return sandbox.Result{}, err
 	}
+	rt.live.Add(1)
+	defer rt.live.Done()
 	start := time.Now()
 	r := &run{
 		rt:    rt,
@@ -247,17 +249,16 @@ func (r *run) launch(ctx context.Context) (ending, error) {
 	return end, nil
 }
 
-// kill destroys the sandbox at once and reaps runsc.
+// kill destroys the sandbox at once and reaps runsc. It does not ask runsc,
+// which may be half-way through creating the sandbox: it kills every
+// process in the run's cgroup. cleanup then removes runsc's state.
 func (r *run) kill(cmd *exec.Cmd, waited <-chan error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := r.rt.runsc(ctx, r.runscRoot(), "delete", "--force", r.id); err != nil {
-		r.rt.log.Debug("force delete", "id", r.id, "err", err)
-	}
+	_ = cmd.Process.Kill()
+	r.cg.killAll(5 * time.Second)
 	select {
 	case <-waited:
 	case <-time.After(5 * time.Second):
-		_ = cmd.Process.Kill()
+		r.rt.log.Error("runsc did not exit after SIGKILL", "id", r.id)
 		<-waited
 	}
 }

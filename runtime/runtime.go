@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/safe-run/safe-run/sandbox"
@@ -67,6 +68,7 @@ type Runtime struct {
 	cfg     Config
 	cgroups CgroupLayout
 	log     *slog.Logger
+	live    sync.WaitGroup // runs not yet cleaned up
 }
 
 var _ sandbox.Runner = (*Runtime)(nil)
@@ -114,6 +116,19 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	return &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}, nil
+}
+
+// Wait blocks until every run in progress has ended and been cleaned up,
+// or ctx ends. A server calls it after cancelling its runs, before exit.
+func (rt *Runtime) Wait(ctx context.Context) error {
+	done := make(chan struct{})
+	go func() { rt.live.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // Policy returns the policy jobs are checked against.

@@ -187,6 +187,9 @@ func (p Policy) checkFiles(job Job, lang Language) error {
 		if clean == lang.Filename {
 			return &InputError{Field: "files", Msg: fmt.Sprintf("%q is where the code is written; rename the file", f.Path)}
 		}
+		if job.OutputDir != "" && clean == path.Clean(job.OutputDir) {
+			return &InputError{Field: "files", Msg: fmt.Sprintf("%q is the output directory; put files inside it or rename the file", f.Path)}
+		}
 		if seen[clean] {
 			return &InputError{Field: "files", Msg: fmt.Sprintf("%q is given twice", f.Path)}
 		}

@@ -12,27 +12,31 @@ import (
 )
 
 // hostFlags are the settings that say where safe-run finds its parts on
-// this host. Each flag falls back to an environment variable, then to a
-// default found next to the safe-run executable.
+// this host. Each can also come from an environment variable (hostEnv);
+// unset, runsc and the agent are looked for next to the safe-run binary.
 type hostFlags struct {
 	runsc, agent, cacheDir, image, stateDir, platform, debugLogDir string
 }
 
-func (h *hostFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&h.runsc, "runsc", os.Getenv("SAFE_RUN_RUNSC"), "runsc binary (env SAFE_RUN_RUNSC; default: runsc next to safe-run, then in PATH)")
-	fs.StringVar(&h.agent, "agent", os.Getenv("SAFE_RUN_AGENT"), "safe-run-agent binary (env SAFE_RUN_AGENT; default: next to safe-run)")
-	fs.StringVar(&h.cacheDir, "cache-dir", "", "image cache directory (env SAFE_RUN_CACHE; default "+rootfs.DefaultDir()+")")
-	fs.StringVar(&h.image, "image", envOr("SAFE_RUN_IMAGE", rootfs.DefaultName), "name of the image to run in (env SAFE_RUN_IMAGE)")
-	fs.StringVar(&h.stateDir, "state-dir", os.Getenv("SAFE_RUN_STATE_DIR"), "directory for per-run state (env SAFE_RUN_STATE_DIR; default "+runtime.DefaultStateDir()+")")
-	fs.StringVar(&h.platform, "platform", envOr("SAFE_RUN_PLATFORM", "systrap"), "gVisor platform (env SAFE_RUN_PLATFORM)")
-	fs.StringVar(&h.debugLogDir, "debug-log-dir", os.Getenv("SAFE_RUN_DEBUG_LOG_DIR"), "keep runsc debug logs below this directory (env SAFE_RUN_DEBUG_LOG_DIR)")
+// hostEnv names the environment variable of each host flag.
+var hostEnv = map[string]string{
+	"runsc":         "SAFE_RUN_RUNSC",
+	"agent":         "SAFE_RUN_AGENT",
+	"cache-dir":     "SAFE_RUN_CACHE",
+	"image":         "SAFE_RUN_IMAGE",
+	"state-dir":     "SAFE_RUN_STATE_DIR",
+	"platform":      "SAFE_RUN_PLATFORM",
+	"debug-log-dir": "SAFE_RUN_DEBUG_LOG_DIR",
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
+func (h *hostFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&h.runsc, "runsc", "", "runsc binary (default: runsc next to safe-run, then in PATH)")
+	fs.StringVar(&h.agent, "agent", "", "safe-run-agent binary (default: next to safe-run)")
+	fs.StringVar(&h.cacheDir, "cache-dir", rootfs.DefaultDir(), "image cache directory")
+	fs.StringVar(&h.image, "image", rootfs.DefaultName, "name of the image to run in")
+	fs.StringVar(&h.stateDir, "state-dir", runtime.DefaultStateDir(), "directory for per-run state")
+	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
+	fs.StringVar(&h.debugLogDir, "debug-log-dir", "", "keep runsc debug logs below this directory")
 }
 
 // runscPath is the runsc to use and where that choice came from.

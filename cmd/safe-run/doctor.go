@@ -27,8 +27,15 @@ func cmdDoctor(args []string) int {
 	var host hostFlags
 	host.register(fs)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
+		printSettings(fs, hostEnv)
+	}
 	if code, done := parseFlags(fs, args); done {
 		return code
+	}
+	if err := applySettings(fs, hostEnv, ""); err != nil {
+		return fail(usageError("%v", err))
 	}
 	checks := diagnose(&host)
 	ok := true

@@ -36,6 +36,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"run", "run code in a sandbox and print its output", cmdRun},
+		{"serve", "serve the Model Context Protocol over stdio or Streamable HTTP", cmdServe},
 		{"doctor", "check that this host can run sandboxes, and say how to fix what is missing", cmdDoctor},
 		{"image", "manage root file system images (import, ls, dir, check)", cmdImage},
 		{"version", "print version information", cmdVersion},
@@ -115,9 +116,18 @@ func oneLine(s string) string {
 // newLogger logs to stderr (stdout carries program output or MCP) at the
 // level named by SAFE_RUN_LOG_LEVEL, warn by default.
 func newLogger() *slog.Logger {
-	level := slog.LevelWarn
-	if v := os.Getenv("SAFE_RUN_LOG_LEVEL"); v != "" {
-		_ = level.UnmarshalText([]byte(v))
-	}
+	return newLoggerAt(parseLevel(os.Getenv("SAFE_RUN_LOG_LEVEL"), slog.LevelWarn))
+}
+
+func newLoggerAt(level slog.Level) *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+}
+
+// parseLevel reads a level name such as "debug" or "info"; def otherwise.
+func parseLevel(name string, def slog.Level) slog.Level {
+	level := def
+	if name != "" && level.UnmarshalText([]byte(name)) != nil {
+		return def
+	}
+	return level
 }

@@ -58,7 +58,7 @@ func (s sizeFlag) Set(v string) error {
 
 func cmdRun(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); fs.PrintDefaults() }
+	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, hostEnv) }
 	var (
 		host    hostFlags
 		lang    = fs.String("lang", "", "language: python, node or bash (default: from FILE's extension)")
@@ -79,6 +79,9 @@ func cmdRun(args []string) int {
 	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default 256MiB)")
 	if code, done := parseFlags(fs, args); done {
 		return code
+	}
+	if err := applySettings(fs, hostEnv, ""); err != nil {
+		return fail(usageError("%v", err))
 	}
 	if *timeout < 0 {
 		return fail(&sandbox.InputError{Field: "timeout", Msg: "is negative; give a positive duration such as 30s"})

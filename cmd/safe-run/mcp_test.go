@@ -1,0 +1,430 @@
+package main
+
+// End-to-end tests of `safe-run serve` through the mcp-go client, over
+// stdio and Streamable HTTP, with the real runsc and image (see cli_test.go).
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+)
+
+// testServer is a running `safe-run serve` and a client connected to it.
+type testServer struct {
+	client   *client.Client
+	stateDir string
+	mu       sync.Mutex
+	progress []map[string]any
+}
+
+func binary(t *testing.T) string {
+	t.Helper()
+	bin := os.Getenv("SAFE_RUN_BIN")
+	if bin == "" {
+		if os.Getenv("SAFE_RUN_INTEGRATION") == "1" {
+			t.Fatal("SAFE_RUN_BIN is not set")
+		}
+		t.Skip("end-to-end test needs the built binary and the default image (run `make test`)")
+	}
+	return bin
+}
+
+// startServer starts safe-run serve over the given transport ("stdio" or
+// "http") and returns an initialized client.
+func startServer(t *testing.T, transportName string, extraArgs ...string) *testServer {
+	t.Helper()
+	bin := binary(t)
+	ts := &testServer{stateDir: filepath.Join(t.TempDir(), "state")}
+	// TEST_SERVE_LOG_LEVEL=debug shows the HTTP server's log while testing.
+	level := os.Getenv("TEST_SERVE_LOG_LEVEL")
+	if level == "" {
+		level = "warn"
+	}
+	args := append([]string{"serve", "--state-dir", ts.stateDir, "--log-level", level}, extraArgs...)
+	var c *client.Client
+	var err error
+	switch transportName {
+	case "stdio":
+		c, err = client.NewStdioMCPClient(bin, nil, args...)
+		if err != nil {
+			t.Fatalf("start stdio server: %v", err)
+		}
+	case "http":
+		cmd := exec.Command(bin, append(args, "--http", "127.0.0.1:0")...)
+		stderr, _ := cmd.StderrPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			cmd.Process.Signal(os.Interrupt)
+			done := make(chan struct{})
+			go func() { cmd.Wait(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(30 * time.Second):
+				cmd.Process.Kill()
+				t.Error("the HTTP server did not stop within 30s of SIGINT")
+			}
+		})
+		url := waitForURL(t, stderr)
+		c, err = client.NewStreamableHttpClient(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("start client: %v", err)
+	}
+	c.OnNotification(func(n mcpgo.JSONRPCNotification) {
+		if n.Method == "notifications/progress" {
+			ts.mu.Lock()
+			ts.progress = append(ts.progress, n.Params.AdditionalFields)
+			ts.mu.Unlock()
+		}
+	})
+	var init mcpgo.InitializeRequest
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-test", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize: %v", err)
+	}
+	ts.client = c
+	return ts
+}
+
+// waitForURL reads the server's stderr until it says where it listens, and
+// keeps draining it so the server never blocks on a full pipe.
+func waitForURL(t *testing.T, stderr interface{ Read([]byte) (int, error) }) string {
+	t.Helper()
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if os.Getenv("TEST_SERVE_LOG_LEVEL") != "" {
+				fmt.Fprintln(os.Stderr, "server:", sc.Text())
+			}
+			if _, url, ok := strings.Cut(sc.Text(), "serving MCP at "); ok {
+				found <- url
+			}
+		}
+	}()
+	select {
+	case url := <-found:
+		return url
+	case <-time.After(60 * time.Second):
+		t.Fatal("the HTTP server did not say where it listens within 60s")
+	}
+	return ""
+}
+
+func (ts *testServer) call(t *testing.T, ctx context.Context, args map[string]any, progressToken any) (*mcpgo.CallToolResult, error) {
+	t.Helper()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name = "run_code"
+	req.Params.Arguments = args
+	if progressToken != nil {
+		req.Params.Meta = &mcpgo.Meta{ProgressToken: progressToken}
+	}
+	return ts.client.CallTool(ctx, req)
+}
+
+func (ts *testServer) mustCall(t *testing.T, args map[string]any) (*mcpgo.CallToolResult, map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	res, err := ts.call(t, ctx, args, nil)
+	if err != nil {
+		t.Fatalf("call run_code: %v", err)
+	}
+	var structured map[string]any
+	data, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(data, &structured)
+	return res, structured
+}
+
+func text(res *mcpgo.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(mcpgo.TextContent); ok {
+			b.WriteString(tc.Text)
+		}
+	}
+	return b.String()
+}
+
+var transports = []string{"stdio", "http"}
+
+func TestMCPToolsAndLanguages(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr)
+			tools, err := ts.client.ListTools(context.Background(), mcpgo.ListToolsRequest{})
+			if err != nil || len(tools.Tools) != 1 || tools.Tools[0].Name != "run_code" {
+				t.Fatalf("tools/list = %+v, %v; want run_code", tools, err)
+			}
+			tool := tools.Tools[0]
+			a := tool.Annotations
+			if a.ReadOnlyHint == nil || *a.ReadOnlyHint || a.OpenWorldHint == nil || *a.OpenWorldHint {
+				t.Errorf("annotations %+v: want readOnlyHint false and openWorldHint false", a)
+			}
+			for _, want := range []string{"Python 3", "numpy", "pandas", "matplotlib", "Node.js", "bash", "no network", "/workspace/out", "Each call starts from scratch"} {
+				if !strings.Contains(tool.Description, want) {
+					t.Errorf("description lacks %q:\n%s", want, tool.Description)
+				}
+			}
+			if len(tool.RawOutputSchema) == 0 && tool.OutputSchema.Type == "" {
+				t.Error("run_code has no output schema")
+			}
+			for lang, code := range map[string]string{
+				"python": "print('hi from python')", "node": "console.log('hi from node')", "bash": "echo hi from bash",
+			} {
+				res, out := ts.mustCall(t, map[string]any{"language": lang, "code": code})
+				if res.IsError || out["status"] != "ok" || out["stdout"] != "hi from "+lang+"\n" {
+					t.Errorf("%s: isError %v, structured %v", lang, res.IsError, out)
+				}
+			}
+		})
+	}
+}
+
+func TestMCPFailuresAndInvalidArguments(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr)
+			res, out := ts.mustCall(t, map[string]any{"language": "python", "code": "print('before')\nraise ValueError('bad input value')"})
+			if !res.IsError || out["status"] != "error" || out["exit_code"] != float64(1) || !strings.Contains(text(res), "ValueError: bad input value") {
+				t.Errorf("failing program: isError %v, structured %v, text %q", res.IsError, out, text(res))
+			}
+			for _, tc := range []struct {
+				name string
+				args map[string]any
+				want string
+			}{
+				{"unknown language", map[string]any{"language": "ruby", "code": "puts 1"}, `"language": "ruby" is not available; use one of python, node, bash`},
+				{"missing code", map[string]any{"language": "python"}, `"code": is empty`},
+				{"wrong type", map[string]any{"language": "python", "code": 42}, `"code" must be of type string`},
+				{"negative timeout", map[string]any{"language": "bash", "code": "true", "timeout_seconds": -1}, `"timeout_seconds" must be greater than 0`},
+				{"unknown argument", map[string]any{"language": "bash", "code": "true", "memory": "1G"}, `unknown argument "memory"`},
+				{"escaping file", map[string]any{"language": "bash", "code": "true", "files": []any{map[string]any{"path": "../x", "content": "x"}}}, "leaves the workspace"},
+				{"bad base64", map[string]any{"language": "bash", "code": "true", "files": []any{map[string]any{"path": "x", "content": "%%%", "encoding": "base64"}}}, "not valid base64"},
+			} {
+				res, _ := ts.mustCall(t, tc.args)
+				if !res.IsError || !strings.Contains(text(res), tc.want) {
+					t.Errorf("%s: isError %v, text %q; want an error containing %q", tc.name, res.IsError, text(res), tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestMCPFilesInAndImagesOut(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr)
+			res, out := ts.mustCall(t, map[string]any{
+				"language": "python",
+				"files": []any{
+					map[string]any{"path": "data/values.csv", "content": "x,y\n1,2\n2,4\n3,9\n"},
+					map[string]any{"path": "blob.bin", "content": base64.StdEncoding.EncodeToString([]byte{0, 1, 2}), "encoding": "base64"},
+				},
+				"code": `
+import pandas as pd, matplotlib.pyplot as plt
+df = pd.read_csv("data/values.csv")
+df.plot(x="x", y="y"); plt.savefig("out/plot.png")
+df.describe().to_csv("out/summary.csv")
+print(len(open("blob.bin", "rb").read()), int(df.y.sum()))`,
+			})
+			if res.IsError || out["stdout"] != "3 15\n" {
+				t.Fatalf("isError %v, structured %v, text %s", res.IsError, out, text(res))
+			}
+			var image, csv bool
+			for _, c := range res.Content {
+				switch c := c.(type) {
+				case mcpgo.ImageContent:
+					data, _ := base64.StdEncoding.DecodeString(c.Data)
+					image = c.MIMEType == "image/png" && strings.HasPrefix(string(data), "\x89PNG")
+				case mcpgo.EmbeddedResource:
+					if r, ok := c.Resource.(mcpgo.TextResourceContents); ok {
+						csv = r.MIMEType == "text/csv" && strings.Contains(r.Text, "mean")
+					}
+				}
+			}
+			if !image || !csv {
+				t.Errorf("want the plot as PNG image content (%v) and summary.csv as a text resource (%v); content: %s", image, csv, text(res))
+			}
+		})
+	}
+}
+
+func TestMCPProgress(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr)
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			res, err := ts.call(t, ctx, map[string]any{"language": "bash", "code": "sleep 3; echo done"}, "progress-1")
+			if err != nil || res.IsError {
+				t.Fatalf("call: %v %s", err, text(res))
+			}
+			ts.mu.Lock()
+			defer ts.mu.Unlock()
+			if len(ts.progress) < 2 {
+				t.Fatalf("got %d progress notifications during a 3s run, want at least 2", len(ts.progress))
+			}
+			last := -1.0
+			for _, p := range ts.progress {
+				v, _ := p["progress"].(float64)
+				if p["progressToken"] != "progress-1" || v < last {
+					t.Errorf("bad progress notification %v (previous progress %v)", p, last)
+				}
+				last = v
+			}
+		})
+	}
+}
+
+// TestMCPCancellationKillsTheSandbox cancels a call and checks the host:
+// within a second, no process or state of the sandbox is left.
+func TestMCPCancellationKillsTheSandbox(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() {
+				_, err := ts.call(t, ctx, map[string]any{"language": "bash", "code": "echo started; sleep 120"}, nil)
+				done <- err
+			}()
+			// Wait until the sandbox is up, then cancel.
+			waitUntil(t, 30*time.Second, func() bool { return len(sandboxProcesses(ts.stateDir)) > 0 })
+			cancel()
+			t.Logf("cancelled at %s", time.Now().Format("15:04:05.000"))
+			<-done
+			deadline := time.Now().Add(time.Second)
+			for time.Now().Before(deadline) && (len(sandboxProcesses(ts.stateDir)) > 0 || len(stateEntries(ts.stateDir)) > 0) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if procs := sandboxProcesses(ts.stateDir); len(procs) > 0 {
+				t.Errorf("1s after cancelling, sandbox processes remain: %v", procs)
+			}
+			if entries := stateEntries(ts.stateDir); len(entries) > 0 {
+				t.Errorf("1s after cancelling, state remains: %v", entries)
+			}
+		})
+	}
+}
+
+func TestMCPConcurrentCalls(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr, "--max-concurrent", "4")
+			var wg sync.WaitGroup
+			errs := make(chan string, 8)
+			for i := range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					res, out := ts.mustCall(t, map[string]any{"language": "python", "code": fmt.Sprintf("import time; time.sleep(0.5); print(%d * %d)", i, i)})
+					if res.IsError || out["stdout"] != fmt.Sprintf("%d\n", i*i) {
+						errs <- fmt.Sprintf("call %d: %v", i, out)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for e := range errs {
+				t.Error(e)
+			}
+		})
+	}
+}
+
+func TestMCPEnvironmentResource(t *testing.T) {
+	ts := startServer(t, "stdio")
+	req := mcpgo.ReadResourceRequest{}
+	req.Params.URI = "safe-run://environment"
+	res, err := ts.client.ReadResource(context.Background(), req)
+	if err != nil || len(res.Contents) != 1 {
+		t.Fatalf("read resource: %v %+v", err, res)
+	}
+	var env struct {
+		Languages []struct {
+			Name, Version string
+			Packages      map[string]string
+		}
+		Network   string
+		MaxLimits struct {
+			TimeoutSeconds float64 `json:"timeout_seconds"`
+		} `json:"max_limits"`
+	}
+	if err := json.Unmarshal([]byte(res.Contents[0].(mcpgo.TextResourceContents).Text), &env); err != nil {
+		t.Fatal(err)
+	}
+	if len(env.Languages) != 3 || env.Network != "none" || env.MaxLimits.TimeoutSeconds != 600 {
+		t.Errorf("environment = %+v", env)
+	}
+	for _, l := range env.Languages {
+		if l.Version == "" {
+			t.Errorf("%s has no version", l.Name)
+		}
+		if l.Name == "python" && l.Packages["numpy"] == "" {
+			t.Errorf("python packages lack numpy: %v", l.Packages)
+		}
+	}
+}
+
+func TestServeRefusesUnsafeHTTP(t *testing.T) {
+	r := safeRun(t, "", "serve", "--http", "0.0.0.0:0")
+	if r.code != exitUsage || !strings.Contains(r.stderr, "bearer token") {
+		t.Errorf("exit %d, stderr %q; want a refusal naming the token", r.code, r.stderr)
+	}
+}
+
+// sandboxProcesses lists the processes of sandboxes whose state is below
+// stateDir: runsc and gVisor's, whose command lines name the run's
+// directory (the server's own names only stateDir).
+func sandboxProcesses(stateDir string) []string {
+	var out []string
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(cmdline), stateDir+"/safe-run-") {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func stateEntries(stateDir string) []string {
+	entries, _ := os.ReadDir(stateDir)
+	var out []string
+	for _, e := range entries {
+		out = append(out, e.Name())
+	}
+	return out
+}
+
+func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("condition not reached within %v", d)
+}
+

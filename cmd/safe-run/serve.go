@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	goruntime "runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/safe-run/safe-run/mcp"
+	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+const serveUsage = `Usage: safe-run serve [flags]
+
+Serves the Model Context Protocol: over stdio by default (for desktop
+clients, which start safe-run themselves), or over Streamable HTTP at
+http://ADDR/mcp with --http ADDR. A listener on a non-loopback address
+needs a bearer token (--token or --token-file).
+
+Settings come from, in order of precedence: these flags, the environment
+variables named below, the config file (--config: a JSON object whose keys
+are the flag names, e.g. {"max-concurrent": 4, "allowed-origins": ["https://a.example"]}),
+and the defaults shown.
+
+Flags:
+`
+
+// serveEnv names the environment variable of each serve flag.
+var serveEnv = map[string]string{
+	"config":          "SAFE_RUN_CONFIG",
+	"http":            "SAFE_RUN_HTTP",
+	"token":           "SAFE_RUN_TOKEN",
+	"token-file":      "SAFE_RUN_TOKEN_FILE",
+	"allowed-origins": "SAFE_RUN_ALLOWED_ORIGINS",
+	"allowed-hosts":   "SAFE_RUN_ALLOWED_HOSTS",
+	"max-body":        "SAFE_RUN_MAX_BODY",
+	"max-concurrent":  "SAFE_RUN_MAX_CONCURRENT",
+	"max-queue":       "SAFE_RUN_MAX_QUEUE",
+	"timeout":         "SAFE_RUN_TIMEOUT",
+	"max-timeout":     "SAFE_RUN_MAX_TIMEOUT",
+	"memory":          "SAFE_RUN_MEMORY",
+	"pids":            "SAFE_RUN_PIDS",
+	"cpus":            "SAFE_RUN_CPUS",
+	"output-limit":    "SAFE_RUN_OUTPUT_LIMIT",
+	"log-level":       "SAFE_RUN_LOG_LEVEL",
+}
+
+type serveFlags struct {
+	host          hostFlags
+	config        string
+	http          string
+	token         string
+	tokenFile     string
+	origins       string
+	hosts         string
+	maxBody       int64
+	maxConcurrent int
+	maxQueue      int
+	timeout       time.Duration
+	maxTimeout    time.Duration
+	limits        sandbox.Limits
+	logLevel      string
+}
+
+func (f *serveFlags) register(fs *flag.FlagSet) {
+	f.host.register(fs)
+	fs.StringVar(&f.config, "config", "", "JSON config `file`")
+	fs.StringVar(&f.http, "http", "", "serve Streamable HTTP on this `address`, e.g. 127.0.0.1:8080 (default: stdio)")
+	fs.StringVar(&f.token, "token", "", "bearer `token` HTTP clients must send (prefer --token-file)")
+	fs.StringVar(&f.tokenFile, "token-file", "", "read the bearer token from this `file`")
+	fs.StringVar(&f.origins, "allowed-origins", "", "comma-separated browser `origins` allowed besides loopback ones")
+	fs.StringVar(&f.hosts, "allowed-hosts", "", "comma-separated Host `names` accepted besides loopback ones (* for any)")
+	f.maxBody = 100 * sandbox.MiB
+	fs.Var(sizeFlag{&f.maxBody}, "max-body", "largest HTTP request body (a `size` such as 100MiB)")
+	fs.IntVar(&f.maxConcurrent, "max-concurrent", goruntime.NumCPU(), "most runs at once")
+	fs.IntVar(&f.maxQueue, "max-queue", 16, "most calls waiting for a run; more are refused")
+	fs.DurationVar(&f.timeout, "timeout", sandbox.DefaultLimits.Timeout, "timeout of a call that sets none")
+	fs.DurationVar(&f.maxTimeout, "max-timeout", 10*time.Minute, "longest timeout a call may ask for")
+	f.limits = sandbox.DefaultLimits
+	fs.Var(sizeFlag{&f.limits.MemoryBytes}, "memory", "memory limit of a run (a `size`)")
+	fs.IntVar(&f.limits.Processes, "pids", f.limits.Processes, "most processes and threads in a run")
+	fs.Float64Var(&f.limits.CPUs, "cpus", f.limits.CPUs, "CPU limit of a run, in cores")
+	fs.Var(sizeFlag{&f.limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each (a `size`)")
+	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
+}
+
+func cmdServe(args []string) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var f serveFlags
+	f.register(fs)
+	env := map[string]string{}
+	for k, v := range hostEnv {
+		env[k] = v
+	}
+	for k, v := range serveEnv {
+		env[k] = v
+	}
+	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); printSettings(fs, env) }
+	if code, done := parseFlags(fs, args); done {
+		return code
+	}
+	// The config file's own path comes from the flag or the environment.
+	configFile := f.config
+	if configFile == "" {
+		configFile = os.Getenv("SAFE_RUN_CONFIG")
+	}
+	if err := applySettings(fs, env, configFile); err != nil {
+		return fail(usageError("%v", err))
+	}
+	if err := serve(f); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+func serve(f serveFlags) error {
+	logger := newLoggerAt(parseLevel(f.logLevel, slog.LevelInfo))
+	policy := sandbox.Policy{
+		Default: sandbox.Limits{Timeout: f.timeout, MemoryBytes: f.limits.MemoryBytes, Processes: f.limits.Processes,
+			CPUs: f.limits.CPUs, OutputBytes: f.limits.OutputBytes},
+		Max: sandbox.Limits{Timeout: f.maxTimeout},
+	}
+	if _, _, err := policy.Check(sandbox.Job{Language: "bash", Code: "true"}); err != nil {
+		return fmt.Errorf("the configured limits are not valid: %w", err)
+	}
+	token, err := readToken(f.token, f.tokenFile)
+	if err != nil {
+		return err
+	}
+	var listener net.Listener
+	if f.http != "" {
+		// Listen before the slow start-up, so that a mistake shows at once.
+		if listener, err = listen(f.http, token); err != nil {
+			return err
+		}
+		defer listener.Close()
+	}
+
+	cfg, err := f.host.runtimeConfig()
+	if err != nil {
+		return err
+	}
+	cfg.Policy, cfg.Logger = policy, logger
+	rt, err := runtime.New(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	defer func() {
+		// Cancelled runs clean up after themselves; wait for that.
+		drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := rt.Wait(drain); err != nil {
+			logger.Error("runs still cleaning up at exit", "err", err)
+		}
+	}()
+
+	probeStart := time.Now()
+	env := mcp.ProbeEnvironment(ctx, rt, policy)
+	logger.Info("probed the sandbox environment", "ms", time.Since(probeStart).Milliseconds())
+	srv := mcp.NewServer(mcp.Config{
+		Runner: rt, Policy: policy, Environment: env,
+		Gate:       sandbox.NewGate(f.maxConcurrent, f.maxQueue),
+		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
+	})
+
+	if listener == nil {
+		logger.Info("serving MCP over stdio")
+		stdio := server.NewStdioServer(srv)
+		stdio.SetErrorLogger(log.New(os.Stderr, "safe-run: ", 0))
+		// Enough workers that no call waits inside the library, where a
+		// cancellation would be lost; the gate does the queueing.
+		server.WithWorkerPoolSize(min(100, f.maxConcurrent+f.maxQueue+4))(stdio)
+		if err := stdio.Listen(ctx, os.Stdin, os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
+			return fmt.Errorf("serve stdio: %w", err)
+		}
+		return nil
+	}
+
+	handler := mcp.HTTPHandler(srv, mcp.HTTPConfig{
+		Token:          token,
+		AllowedOrigins: splitList(f.origins),
+		AllowedHosts:   splitList(f.hosts),
+		MaxBodyBytes:   f.maxBody,
+	})
+	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", listener.Addr(), mcp.HTTPPath)
+	errc := make(chan error, 1)
+	go func() { errc <- httpSrv.Serve(listener) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve http: %w", err)
+	case <-ctx.Done():
+	}
+	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = httpSrv.Shutdown(shutdown)
+	return nil
+}
+
+// listen opens the HTTP listener, refusing a non-loopback address without
+// a token: anyone who can reach it could otherwise run code here.
+func listen(addr, token string) (net.Listener, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, usageError("--http %q: %v; give HOST:PORT, e.g. 127.0.0.1:8080", addr, err)
+	}
+	if !mcp.IsLoopbackHost(host) && token == "" {
+		return nil, usageError("--http %s listens beyond this machine; set a bearer token with --token-file or SAFE_RUN_TOKEN, or listen on 127.0.0.1", addr)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return l, nil
+}
+
+func readToken(token, file string) (string, error) {
+	if file == "" {
+		return token, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	t := strings.TrimSpace(string(data))
+	if t == "" {
+		return "", fmt.Errorf("token file %s is empty", file)
+	}
+	return t, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

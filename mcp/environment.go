@@ -1,0 +1,153 @@
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// Environment describes what code finds in the sandbox. It is published as
+// a resource and summarised in the tool's description, so that a model
+// knows what it can use before it writes code.
+type Environment struct {
+	Languages []LanguageInfo `json:"languages"`
+	// Network is "none": nothing can be downloaded or installed.
+	Network string `json:"network"`
+	// Workdir is where code runs and input files are placed.
+	Workdir string `json:"workdir"`
+	// OutputDir is where code writes files it wants returned.
+	OutputDir string `json:"output_dir"`
+	// Stateless says that every call starts in a fresh sandbox.
+	Stateless bool `json:"stateless"`
+	// DefaultLimits and MaxLimits are the limits calls get and may ask for.
+	DefaultLimits LimitsInfo `json:"default_limits"`
+	MaxLimits     LimitsInfo `json:"max_limits"`
+	// OutputFiles bounds the files returned from OutputDir.
+	OutputFiles sandbox.OutputFileLimits `json:"output_files"`
+}
+
+// LanguageInfo describes one language of the sandbox.
+type LanguageInfo struct {
+	Name string `json:"name"`
+	// Version is the interpreter's version, e.g. "3.11.2".
+	Version string `json:"version,omitempty"`
+	// Packages maps installed packages (Python distributions) to versions.
+	Packages map[string]string `json:"packages,omitempty"`
+}
+
+// LimitsInfo is the part of sandbox.Limits a client can see.
+type LimitsInfo struct {
+	TimeoutSeconds float64 `json:"timeout_seconds"`
+	MemoryBytes    int64   `json:"memory_bytes"`
+	Processes      int     `json:"processes"`
+	CPUs           float64 `json:"cpus"`
+	OutputBytes    int64   `json:"output_bytes"`
+	WorkspaceBytes int64   `json:"workspace_bytes"`
+}
+
+func limitsInfo(l sandbox.Limits) LimitsInfo {
+	return LimitsInfo{
+		TimeoutSeconds: l.Timeout.Seconds(), MemoryBytes: l.MemoryBytes, Processes: l.Processes,
+		CPUs: l.CPUs, OutputBytes: l.OutputBytes, WorkspaceBytes: l.WorkspaceBytes,
+	}
+}
+
+// probes print one JSON object describing the interpreter; keyed by the
+// command's program name so that a configured language reuses them.
+var probes = map[string]string{
+	"python3": `import json, sys, importlib.metadata as m
+print(json.dumps({"version": sys.version.split()[0],
+    "packages": {d.metadata["Name"]: d.version for d in m.distributions() if d.metadata["Name"]}}))`,
+	"node": `console.log(JSON.stringify({version: process.versions.node}))`,
+	"bash": `printf '{"version": "%s"}\n' "${BASH_VERSION%%(*}"`,
+}
+
+// ProbeEnvironment runs a short program per language in the sandbox to
+// learn interpreter versions and installed packages. Languages whose probe
+// fails are listed without them.
+func ProbeEnvironment(ctx context.Context, runner sandbox.Runner, policy sandbox.Policy) Environment {
+	def, _, hi := policy.Limits()
+	env := Environment{
+		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir, Stateless: true,
+		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi), OutputFiles: policy.OutputFileLimits(),
+	}
+	langs := policy.Languages
+	if len(langs) == 0 {
+		langs = sandbox.DefaultLanguages
+	}
+	env.Languages = make([]LanguageInfo, len(langs))
+	var wg sync.WaitGroup
+	for i, l := range langs {
+		env.Languages[i].Name = l.Name
+		code, ok := probes[l.Command[0]]
+		if !ok {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := runner.Run(ctx, sandbox.Job{Language: l.Name, Code: code, Limits: sandbox.Limits{Timeout: 30 * time.Second}})
+			if err == nil && res.Status == sandbox.StatusOK {
+				_ = json.Unmarshal([]byte(res.Stdout), &env.Languages[i])
+				env.Languages[i].Name = l.Name
+			}
+		}()
+	}
+	wg.Wait()
+	return env
+}
+
+// notablePackages are named in the tool description when installed; the
+// environment resource lists every package.
+var notablePackages = []string{"numpy", "pandas", "matplotlib", "scipy", "sympy", "scikit-learn", "pillow", "requests"}
+
+// describeLanguages renders the languages for the tool description, e.g.
+// "python (Python 3.11.2 with numpy 1.24.2, pandas 1.5.3; standard library)".
+func (e Environment) describeLanguages() string {
+	var parts []string
+	for _, l := range e.Languages {
+		var b strings.Builder
+		b.WriteString(l.Name)
+		switch {
+		case l.Version == "":
+		case l.Name == "python":
+			fmt.Fprintf(&b, " (Python %s", l.Version)
+			var pkgs []string
+			for name, v := range l.Packages {
+				for _, n := range notablePackages {
+					if strings.EqualFold(name, n) {
+						pkgs = append(pkgs, n+" "+v)
+					}
+				}
+			}
+			sort.Strings(pkgs)
+			if len(pkgs) > 0 {
+				b.WriteString(" with " + strings.Join(pkgs, ", ") + ", and the standard library")
+			}
+			b.WriteString(")")
+		case l.Name == "node":
+			fmt.Fprintf(&b, " (Node.js %s, CommonJS, built-in modules only)", l.Version)
+		case l.Name == "bash":
+			fmt.Fprintf(&b, " (GNU bash %s with coreutils)", l.Version)
+		default:
+			fmt.Fprintf(&b, " (%s)", l.Version)
+		}
+		parts = append(parts, b.String())
+	}
+	return strings.Join(parts, "; ")
+}
+
+// names lists the language names, in order.
+func (e Environment) names() []string {
+	var out []string
+	for _, l := range e.Languages {
+		out = append(out, l.Name)
+	}
+	return out
+}

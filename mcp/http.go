@@ -1,0 +1,108 @@
+package mcp
+
+import (
+	"crypto/subtle"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+
+	"github.com/mark3labs/mcp-go/server"
+)
+
+// HTTPPath is where the Streamable HTTP endpoint is served.
+const HTTPPath = "/mcp"
+
+// HTTPConfig guards the Streamable HTTP endpoint.
+type HTTPConfig struct {
+	// Token, if set, must be presented as "Authorization: Bearer <token>".
+	Token string
+	// AllowedOrigins are browser origins allowed besides loopback ones,
+	// e.g. "https://app.example.com". Requests without Origin are allowed.
+	AllowedOrigins []string
+	// AllowedHosts are Host header names accepted besides loopback ones;
+	// "*" accepts any (only sensible with a Token).
+	AllowedHosts []string
+	// MaxBodyBytes caps a request body.
+	MaxBodyBytes int64
+}
+
+// HTTPHandler serves s over Streamable HTTP at HTTPPath, behind checks that
+// keep web pages and other machines out:
+//   - the Host header must name a loopback host or an allowed one, so a
+//     DNS-rebinding page cannot reach a loopback server through its own name;
+//   - an Origin header, which browsers send, must be a loopback origin or an
+//     allowed one;
+//   - the bearer token, when configured, must match;
+//   - bodies over MaxBodyBytes are refused.
+func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
+	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath))
+	mux := http.NewServeMux()
+	mux.Handle(HTTPPath, guard(cfg, streamable))
+	return mux
+}
+
+func guard(cfg HTTPConfig, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !hostAllowed(r.Host, cfg.AllowedHosts) {
+			http.Error(w, fmt.Sprintf("forbidden: Host %q is not a name of this server", r.Host), http.StatusForbidden)
+			return
+		}
+		if origin := r.Header.Get("Origin"); origin != "" && !originAllowed(origin, cfg.AllowedOrigins) {
+			http.Error(w, fmt.Sprintf("forbidden: Origin %q is not allowed", origin), http.StatusForbidden)
+			return
+		}
+		if cfg.Token != "" {
+			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(cfg.Token)) != 1 {
+				w.Header().Set("WWW-Authenticate", `Bearer realm="safe-run"`)
+				http.Error(w, "unauthorized: send Authorization: Bearer <token>", http.StatusUnauthorized)
+				return
+			}
+		}
+		if cfg.MaxBodyBytes > 0 {
+			if r.ContentLength > cfg.MaxBodyBytes {
+				http.Error(w, fmt.Sprintf("request body of %d bytes is over the %d-byte limit", r.ContentLength, cfg.MaxBodyBytes), http.StatusRequestEntityTooLarge)
+				return
+			}
+			r.Body = http.MaxBytesReader(w, r.Body, cfg.MaxBodyBytes)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// IsLoopbackHost reports whether host (a name or an IP, without port) is
+// this machine's loopback.
+func IsLoopbackHost(host string) bool {
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") || strings.HasSuffix(strings.ToLower(host), ".localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func hostAllowed(hostport string, allowed []string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	if IsLoopbackHost(host) || slices.Contains(allowed, "*") {
+		return true
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	return slices.ContainsFunc(allowed, func(a string) bool { return strings.EqualFold(a, host) })
+}
+
+func originAllowed(origin string, allowed []string) bool {
+	if slices.Contains(allowed, origin) {
+		return true
+	}
+	u, err := url.Parse(origin)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") {
+		return false
+	}
+	return IsLoopbackHost(u.Hostname())
+}

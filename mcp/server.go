@@ -1,0 +1,133 @@
+// Package mcp exposes safe-run as a Model Context Protocol server, built on
+// github.com/mark3labs/mcp-go. It only translates: tool arguments become a
+// sandbox.Job, a sandbox.Result becomes a tool result. It knows nothing of
+// gVisor; any sandbox.Runner will do.
+package mcp
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// Config configures the MCP server.
+type Config struct {
+	// Runner runs the jobs.
+	Runner sandbox.Runner
+	// Policy is the runner's policy, used to describe languages and limits.
+	Policy sandbox.Policy
+	// Environment describes the sandbox (see ProbeEnvironment).
+	Environment Environment
+	// Gate bounds concurrent runs and the calls waiting for one.
+	Gate *sandbox.Gate
+	// MaxTimeout is the longest timeout_seconds a call may ask for.
+	MaxTimeout time.Duration
+	// Version is safe-run's version, reported to clients.
+	Version string
+	// Logger receives diagnostics; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// EnvironmentURI is the resource describing the sandbox environment.
+const EnvironmentURI = "safe-run://environment"
+
+// NewServer returns the MCP server with safe-run's tools and resources.
+func NewServer(cfg Config) *server.MCPServer {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Gate == nil {
+		cfg.Gate = sandbox.NewGate(1, 0)
+	}
+	if cfg.MaxTimeout == 0 {
+		_, _, hi := cfg.Policy.Limits()
+		cfg.MaxTimeout = hi.Timeout
+	}
+	s := server.NewMCPServer("safe-run", cfg.Version,
+		server.WithTitle("safe-run"),
+		server.WithDescription("Runs Python, Node and Bash code in isolated gVisor sandboxes"),
+		server.WithInstructions("Use run_code to execute code in a fresh sandbox with no network. "+
+			"Read the resource "+EnvironmentURI+" for interpreter versions, installed packages and limits."),
+		server.WithToolCapabilities(false),
+		server.WithResourceCapabilities(false, false),
+		server.WithRecovery(),
+	)
+	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout}
+	s.AddTool(runCodeTool(cfg.Environment, cfg.MaxTimeout), h.runCode)
+	s.AddResource(mcpgo.NewResource(EnvironmentURI, "environment",
+		mcpgo.WithResourceDescription("Languages, interpreter versions, installed packages and limits of the sandbox"),
+		mcpgo.WithMIMEType("application/json")), h.environment)
+	return s
+}
+
+type handler struct {
+	cfg        Config
+	maxTimeout time.Duration
+}
+
+func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
+	job, err := h.parseArgs(req.Params.Arguments)
+	if err != nil {
+		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+	}
+	if _, _, err := h.cfg.Policy.Check(job); err != nil {
+		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+	}
+
+	var state atomic.Value // what the call is doing, for progress messages
+	state.Store("waiting for a free sandbox")
+	stop := make(chan struct{})
+	defer close(stop)
+	go reportProgress(ctx, req, func() string { return state.Load().(string) }, stop)
+
+	leave, err := h.cfg.Gate.Enter(ctx, func(ahead int) {
+		state.Store(fmt.Sprintf("waiting for a free sandbox: %d call(s) ahead", ahead))
+	})
+	if err != nil {
+		return mcpgo.NewToolResultError(err.Error()), nil
+	}
+	defer leave()
+	started := time.Now()
+	timeout := job.Limits.Timeout
+	if timeout == 0 {
+		def, _, _ := h.cfg.Policy.Limits()
+		timeout = def.Timeout
+	}
+	state.Store("running")
+	go func() {
+		tick := time.NewTicker(progressInterval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				state.Store(fmt.Sprintf("running: %ds of at most %s", int(time.Since(started).Seconds()), timeout))
+			}
+		}
+	}()
+
+	res, err := h.cfg.Runner.Run(ctx, job)
+	if err != nil {
+		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+	}
+	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
+		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)
+	return result(res), nil
+}
+
+func (h *handler) environment(ctx context.Context, req mcpgo.ReadResourceRequest) ([]mcpgo.ResourceContents, error) {
+	data, err := json.MarshalIndent(h.cfg.Environment, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return []mcpgo.ResourceContents{mcpgo.TextResourceContents{URI: EnvironmentURI, MIMEType: "application/json", Text: string(data)}}, nil
+}

@@ -1,0 +1,378 @@
+package mcp
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"mime"
+	"path"
+	"slices"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+	"github.com/mark3labs/mcp-go/server"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// outputDir is the workspace directory whose files come back to the client.
+const outputDir = "out"
+
+// runCodeArgs are the arguments of run_code.
+type runCodeArgs struct {
+	Language       string      `json:"language"`
+	Code           string      `json:"code"`
+	TimeoutSeconds *float64    `json:"timeout_seconds"`
+	Stdin          string      `json:"stdin"`
+	Files          []inputFile `json:"files"`
+}
+
+type inputFile struct {
+	Path     string `json:"path"`
+	Content  string `json:"content"`
+	Encoding string `json:"encoding"`
+}
+
+// runCodeOutput is the structured content of run_code; see outputSchema.
+type runCodeOutput struct {
+	Status          sandbox.Status `json:"status"`
+	ExitCode        int            `json:"exit_code"`
+	Signal          string         `json:"signal,omitempty"`
+	Stdout          string         `json:"stdout"`
+	Stderr          string         `json:"stderr"`
+	StdoutTruncated bool           `json:"stdout_truncated"`
+	StderrTruncated bool           `json:"stderr_truncated"`
+	DurationMS      int64          `json:"duration_ms"`
+	MemoryPeakBytes int64          `json:"memory_peak_bytes"`
+	Message         string         `json:"message,omitempty"`
+	Files           []outputFile   `json:"files"`
+}
+
+type outputFile struct {
+	Path     string `json:"path"`
+	Size     int64  `json:"size"`
+	MIMEType string `json:"mime_type"`
+	// Returned says the file is in the result's content; Skipped says why not.
+	Returned bool   `json:"returned"`
+	Skipped  string `json:"skipped,omitempty"`
+}
+
+// outputSchema describes runCodeOutput.
+const outputSchema = `{
+  "type": "object",
+  "properties": {
+    "status": {"type": "string", "enum": ["ok", "error", "timeout", "oom", "killed", "sandbox_error"],
+      "description": "ok: exit code 0; error: non-zero exit; timeout, oom: a limit was hit; killed: a signal or cancellation; sandbox_error: the sandbox failed, not the code"},
+    "exit_code": {"type": "integer", "description": "the program's exit code, -1 if it has none"},
+    "signal": {"type": "string", "description": "the signal that killed the program"},
+    "stdout": {"type": "string"},
+    "stderr": {"type": "string"},
+    "stdout_truncated": {"type": "boolean", "description": "the middle of stdout was dropped; head and tail are kept"},
+    "stderr_truncated": {"type": "boolean"},
+    "duration_ms": {"type": "integer"},
+    "memory_peak_bytes": {"type": "integer", "description": "peak memory of the sandbox, 0 if unknown"},
+    "message": {"type": "string", "description": "why the status is not ok"},
+    "files": {"type": "array", "description": "files the program wrote to /workspace/out",
+      "items": {"type": "object",
+        "properties": {
+          "path": {"type": "string"}, "size": {"type": "integer"}, "mime_type": {"type": "string"},
+          "returned": {"type": "boolean"}, "skipped": {"type": "string"}},
+        "required": ["path", "size", "mime_type", "returned"]}}
+  },
+  "required": ["status", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "duration_ms", "memory_peak_bytes", "files"]
+}`
+
+// runCodeTool builds the tool definition from the environment.
+func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
+	names, _ := json.Marshal(env.names())
+	input := fmt.Sprintf(`{
+  "type": "object",
+  "properties": {
+    "language": {"type": "string", "enum": %s, "description": "the language of code"},
+    "code": {"type": "string", "description": "the program to run; it runs as a file in /workspace"},
+    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": %g,
+      "description": "wall-clock limit in seconds (default %g)"},
+    "stdin": {"type": "string", "description": "the program's standard input"},
+    "files": {"type": "array", "description": "files to place in /workspace before the run",
+      "items": {"type": "object",
+        "properties": {
+          "path": {"type": "string", "description": "relative to /workspace, e.g. data/input.csv"},
+          "content": {"type": "string"},
+          "encoding": {"type": "string", "enum": ["text", "base64"], "description": "how content is encoded (default text)"}},
+        "required": ["path", "content"]}}
+  },
+  "required": ["language", "code"]
+}`, names, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds)
+
+	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), json.RawMessage(input))
+	mcpgo.WithRawOutputSchema(json.RawMessage(outputSchema))(&tool)
+	no := false
+	tool.Annotations = mcpgo.ToolAnnotation{
+		Title:           "Run code in a sandbox",
+		ReadOnlyHint:    &no, // it runs arbitrary code; that is not reading
+		DestructiveHint: &no, // nothing outside the throw-away sandbox changes
+		IdempotentHint:  &no, // programs may be random or time-dependent
+		OpenWorldHint:   &no, // the sandbox has no network
+	}
+	return tool
+}
+
+func describeTool(env Environment, maxTimeout time.Duration) string {
+	d, of := env.DefaultLimits, env.OutputFiles
+	return fmt.Sprintf(`Run a program in a fresh, isolated sandbox (gVisor) and return its output.
+
+Languages: %s.
+Each call starts from scratch: no variables, files or processes survive from earlier calls. There is no network: nothing can be downloaded or installed, so use only what is listed above.
+The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
+To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). Images (PNG, JPEG, GIF, SVG) come back as images, other files as resources; at most %d files, %s each.
+Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
+Print results to stdout. A non-zero exit, an uncaught exception or a hit limit is reported as an error with the end of stderr.`,
+		env.describeLanguages(), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
+		d.TimeoutSeconds, maxTimeout.Seconds(), sandbox.FormatBytes(d.MemoryBytes), d.Processes, sandbox.FormatBytes(d.OutputBytes))
+}
+
+// argumentNames maps job fields of sandbox.InputError to tool arguments.
+var argumentNames = map[string]string{"timeout": "timeout_seconds"}
+
+// parseArgs decodes and checks run_code's arguments into a job. Its errors
+// name the argument and what is allowed, for the model to fix its call.
+func (h *handler) parseArgs(raw any) (sandbox.Job, error) {
+	data, err := json.Marshal(raw)
+	if err != nil {
+		return sandbox.Job{}, fmt.Errorf("arguments are not a JSON object")
+	}
+	var known map[string]json.RawMessage
+	if err := json.Unmarshal(data, &known); err != nil || known == nil {
+		return sandbox.Job{}, fmt.Errorf("arguments must be a JSON object with language and code")
+	}
+	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files"}
+	for name := range known {
+		if !slices.Contains(allowed, name) {
+			return sandbox.Job{}, fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
+		}
+	}
+	var args runCodeArgs
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	if err := dec.Decode(&args); err != nil {
+		var typeErr *json.UnmarshalTypeError
+		if errors.As(err, &typeErr) {
+			return sandbox.Job{}, fmt.Errorf("argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
+		}
+		return sandbox.Job{}, fmt.Errorf("arguments: %v", err)
+	}
+	job := sandbox.Job{Language: args.Language, Code: args.Code, Stdin: []byte(args.Stdin), OutputDir: outputDir}
+	if t := args.TimeoutSeconds; t != nil {
+		if math.IsNaN(*t) || *t <= 0 || *t > h.maxTimeout.Seconds() {
+			return sandbox.Job{}, fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
+		}
+		job.Limits.Timeout = time.Duration(*t * float64(time.Second))
+	}
+	for i, f := range args.Files {
+		var content []byte
+		switch f.Encoding {
+		case "", "text":
+			content = []byte(f.Content)
+		case "base64":
+			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
+				return sandbox.Job{}, fmt.Errorf("argument \"files\"[%d] (%s): content is not valid base64", i, f.Path)
+			}
+		default:
+			return sandbox.Job{}, fmt.Errorf("argument \"files\"[%d] (%s): encoding %q is not text or base64", i, f.Path, f.Encoding)
+		}
+		job.Files = append(job.Files, sandbox.File{Path: f.Path, Data: content})
+	}
+	return job, nil
+}
+
+func jsonType(kind string) string {
+	switch kind {
+	case "float64", "int", "int64":
+		return "number"
+	case "slice":
+		return "array"
+	case "struct", "map":
+		return "object"
+	}
+	return kind
+}
+
+// inputErrorText renders a job the policy refused as a tool error.
+func inputErrorText(err error) string {
+	var in *sandbox.InputError
+	if errors.As(err, &in) {
+		name := in.Field
+		if n, ok := argumentNames[name]; ok {
+			name = n
+		}
+		return fmt.Sprintf("Invalid argument %q: %s", name, in.Msg)
+	}
+	return "Invalid arguments: " + err.Error()
+}
+
+// result translates a run's result into the tool's result: structured
+// content, a short text rendering, and the output files as images and
+// embedded resources.
+func result(res sandbox.Result) *mcpgo.CallToolResult {
+	out := runCodeOutput{
+		Status: res.Status, ExitCode: res.ExitCode, Signal: res.Signal,
+		Stdout: res.Stdout, Stderr: res.Stderr,
+		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
+		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
+		Files: []outputFile{},
+	}
+	var media []mcpgo.Content
+	for _, f := range res.Files {
+		o := outputFile{Path: f.Path, Size: f.Size, MIMEType: mimeType(f.Path), Skipped: f.Skipped}
+		if f.Skipped == "" {
+			o.Returned = true
+			media = append(media, fileContent(f, o.MIMEType))
+		}
+		out.Files = append(out.Files, o)
+	}
+	r := &mcpgo.CallToolResult{
+		Content:           append([]mcpgo.Content{mcpgo.NewTextContent(renderText(out))}, media...),
+		StructuredContent: out,
+		IsError:           res.Status != sandbox.StatusOK,
+	}
+	return r
+}
+
+// imageTypes are returned as image content; other files as resources.
+var imageTypes = []string{"image/png", "image/jpeg", "image/gif", "image/svg+xml"}
+
+func mimeType(name string) string {
+	ext := strings.ToLower(path.Ext(name))
+	switch ext {
+	case ".csv":
+		return "text/csv"
+	case ".md":
+		return "text/markdown"
+	case ".json":
+		return "application/json"
+	case ".svg":
+		return "image/svg+xml"
+	}
+	if t := mime.TypeByExtension(ext); t != "" {
+		t, _, _ = strings.Cut(t, ";")
+		return t
+	}
+	return "application/octet-stream"
+}
+
+func fileContent(f sandbox.OutputFile, mimeType string) mcpgo.Content {
+	if slices.Contains(imageTypes, mimeType) {
+		return mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), mimeType)
+	}
+	uri := "sandbox:///workspace/" + outputDir + "/" + f.Path
+	textual := strings.HasPrefix(mimeType, "text/") || mimeType == "application/json" || mimeType == "application/octet-stream" && looksLikeText(f.Data)
+	if textual && utf8.Valid(f.Data) {
+		if mimeType == "application/octet-stream" {
+			mimeType = "text/plain"
+		}
+		return mcpgo.NewEmbeddedResource(mcpgo.TextResourceContents{URI: uri, MIMEType: mimeType, Text: string(f.Data)})
+	}
+	return mcpgo.NewEmbeddedResource(mcpgo.BlobResourceContents{URI: uri, MIMEType: mimeType, Blob: base64.StdEncoding.EncodeToString(f.Data)})
+}
+
+func looksLikeText(data []byte) bool {
+	return utf8.Valid(data) && !slices.Contains(data, 0)
+}
+
+// stderrTailLines is how much of stderr a failure's summary repeats.
+const stderrTailLines = 20
+
+// renderText is the result for clients that ignore structured content:
+// the status first (with what to do about it), then the output.
+func renderText(o runCodeOutput) string {
+	var b strings.Builder
+	switch o.Status {
+	case sandbox.StatusOK:
+		fmt.Fprintf(&b, "status: ok (exit code 0) in %.2fs\n", float64(o.DurationMS)/1000)
+	case sandbox.StatusError:
+		fmt.Fprintf(&b, "status: error: the program exited with code %d after %.2fs\n", o.ExitCode, float64(o.DurationMS)/1000)
+	default:
+		fmt.Fprintf(&b, "status: %s: %s\n", o.Status, o.Message)
+	}
+	if o.Stdout != "" {
+		b.WriteString("\nstdout:\n" + withNewline(o.Stdout))
+	}
+	if o.Stderr != "" {
+		if o.Status != sandbox.StatusOK {
+			b.WriteString("\nstderr (last lines):\n" + withNewline(lastLines(o.Stderr, stderrTailLines)))
+		} else {
+			b.WriteString("\nstderr:\n" + withNewline(o.Stderr))
+		}
+	}
+	if o.Stdout == "" && o.Stderr == "" {
+		b.WriteString("(no output)\n")
+	}
+	if len(o.Files) > 0 {
+		b.WriteString("\nfiles in /workspace/out:\n")
+		for _, f := range o.Files {
+			state := "returned"
+			if !f.Returned {
+				state = "not returned: " + f.Skipped
+			}
+			fmt.Fprintf(&b, "  %s (%s, %s): %s\n", f.Path, f.MIMEType, sandbox.FormatBytes(f.Size), state)
+		}
+	}
+	return b.String()
+}
+
+func withNewline(s string) string {
+	if strings.HasSuffix(s, "\n") {
+		return s
+	}
+	return s + "\n"
+}
+
+func lastLines(s string, n int) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	if len(lines) <= n {
+		return s
+	}
+	return "...\n" + strings.Join(lines[len(lines)-n:], "\n")
+}
+
+// progressInterval is how often a call with a progress token hears from us.
+const progressInterval = time.Second
+
+// reportProgress sends progress notifications until stop is closed, if the
+// client asked for them. Progress is the seconds since the call began,
+// which always grows; the message says what the call is waiting for.
+func reportProgress(ctx context.Context, req mcpgo.CallToolRequest, state func() string, stop <-chan struct{}) {
+	if req.Params.Meta == nil || req.Params.Meta.ProgressToken == nil {
+		return
+	}
+	srv := server.ServerFromContext(ctx)
+	if srv == nil {
+		return
+	}
+	token := req.Params.Meta.ProgressToken
+	start := time.Now()
+	tick := time.NewTicker(progressInterval)
+	defer tick.Stop()
+	send := func() {
+		_ = srv.SendNotificationToClient(ctx, "notifications/progress", map[string]any{
+			"progressToken": token,
+			"progress":      math.Round(time.Since(start).Seconds()*10) / 10,
+			"message":       state(),
+		})
+	}
+	send()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			send()
+		}
+	}
+}
