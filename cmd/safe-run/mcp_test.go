@@ -427,4 +427,3 @@ func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
 	}
 	t.Fatalf("condition not reached within %v", d)
 }
-
