@@ -92,6 +92,9 @@ func New(cfg Config) (*Runtime, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	if err := CheckPrivileges(); err != nil {
+		return nil, err
+	}
 	if err := checkExecutable(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
 		return nil, err
 	}
@@ -116,6 +119,15 @@ func New(cfg Config) (*Runtime, error) {
 		return nil, err
 	}
 	return &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}, nil
+}
+
+// CheckPrivileges reports whether this process can run sandboxes: for now
+// only root can.
+func CheckPrivileges() error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("safe-run must run as root for now (rootless sandboxes are not supported yet); run it with sudo, or run `sudo safe-run serve --http 127.0.0.1:8080` and point MCP clients at it")
+	}
+	return nil
 }
 
 // Wait blocks until every run in progress has ended and been cleaned up,

@@ -151,6 +151,18 @@ func TestRunBadInput(t *testing.T) {
 	}
 }
 
+func TestRunAsNonRootSaysSo(t *testing.T) {
+	bin := os.Getenv("SAFE_RUN_BIN")
+	if bin == "" {
+		t.Skip("needs SAFE_RUN_BIN (run `make test`)")
+	}
+	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin, "run", "--lang", "bash", "-c", "true").CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != exitSandboxError || !strings.Contains(string(out), "must run as root") {
+		t.Errorf("as uid 65534: %v, output %q; want exit 125 saying it must run as root", err, out)
+	}
+}
+
 func TestDoctor(t *testing.T) {
 	t.Run("healthy host", func(t *testing.T) {
 		r := safeRun(t, "", "doctor")

@@ -85,6 +85,9 @@ func besideExecutable(name string) string {
 // runtimeConfig resolves the flags into a runtime configuration, looking up
 // the image.
 func (h *hostFlags) runtimeConfig() (runtime.Config, error) {
+	if err := runtime.CheckPrivileges(); err != nil {
+		return runtime.Config{}, err
+	}
 	img, err := h.store().Lookup(h.image)
 	if err != nil {
 		return runtime.Config{}, err
