@@ -152,10 +152,7 @@ func TestRunBadInput(t *testing.T) {
 }
 
 func TestRunAsNonRootSaysSo(t *testing.T) {
-	bin := os.Getenv("SAFE_RUN_BIN")
-	if bin == "" {
-		t.Skip("needs SAFE_RUN_BIN (run `make test`)")
-	}
+	bin := binary(t)
 	out, err := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin, "run", "--lang", "bash", "-c", "true").CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != exitSandboxError || !strings.Contains(string(out), "must run as root") {
