@@ -25,21 +25,14 @@ type cliResult struct {
 // safeRun runs the safe-run binary with args and optional standard input.
 func safeRun(t *testing.T, stdin string, args ...string) cliResult {
 	t.Helper()
-	bin := os.Getenv("SAFE_RUN_BIN")
-	if bin == "" {
-		if os.Getenv("SAFE_RUN_INTEGRATION") == "1" {
-			t.Fatal("SAFE_RUN_BIN is not set")
-		}
-		t.Skip("end-to-end test needs the built binary and the default image (run `make test`)")
-	}
-	cmd := exec.Command(bin, args...)
+	cmd := exec.Command(binary(t), args...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	err := cmd.Run()
 	var exit *exec.ExitError
 	if err != nil && !errors.As(err, &exit) {
-		t.Fatalf("run %s: %v", bin, err)
+		t.Fatalf("run %s: %v", cmd.Path, err)
 	}
 	return cliResult{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errOut.String()}
 }

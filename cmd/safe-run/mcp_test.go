@@ -29,6 +29,9 @@ type testServer struct {
 	progress []map[string]any
 }
 
+// binary returns the safe-run binary under test: SAFE_RUN_BIN, which
+// `make test` sets; without it the test is skipped, or fails under
+// SAFE_RUN_INTEGRATION=1.
 func binary(t *testing.T) string {
 	t.Helper()
 	bin := os.Getenv("SAFE_RUN_BIN")
