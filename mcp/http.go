@@ -55,8 +55,9 @@ func guard(cfg HTTPConfig, next http.Handler) http.Handler {
 			return
 		}
 		if cfg.Token != "" {
-			got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(cfg.Token)) != 1 {
+			// The scheme is case-insensitive (RFC 7235); the token is not.
+			scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+			if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(cfg.Token)) != 1 {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="safe-run"`)
 				http.Error(w, "unauthorized: send Authorization: Bearer <token>", http.StatusUnauthorized)
 				return

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -85,8 +86,14 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	var state atomic.Value // what the call is doing, for progress messages
 	state.Store("waiting for a free sandbox")
 	stop := make(chan struct{})
+	var reporters sync.WaitGroup
+	defer reporters.Wait() // no progress notification may follow the result
 	defer close(stop)
-	go reportProgress(ctx, req, func() string { return state.Load().(string) }, stop)
+	reporters.Add(1)
+	go func() {
+		defer reporters.Done()
+		reportProgress(ctx, req, func() string { return state.Load().(string) }, stop)
+	}()
 
 	leave, err := h.cfg.Gate.Enter(ctx, func(ahead int) {
 		state.Store(fmt.Sprintf("waiting for a free sandbox: %d call(s) ahead", ahead))
@@ -102,7 +109,9 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		timeout = def.Timeout
 	}
 	state.Store("running")
+	reporters.Add(1)
 	go func() {
+		defer reporters.Done()
 		tick := time.NewTicker(progressInterval)
 		defer tick.Stop()
 		for {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math"
 	"mime"
+	"net/url"
 	"path"
 	"slices"
 	"strings"
@@ -158,19 +159,26 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, error) {
 	}
 	var args runCodeArgs
 	dec := json.NewDecoder(strings.NewReader(string(data)))
+	dec.DisallowUnknownFields() // a misspelt "encoding" must not pass silently
 	if err := dec.Decode(&args); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
 			return sandbox.Job{}, fmt.Errorf("argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
 		}
+		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return sandbox.Job{}, fmt.Errorf("argument \"files\": unknown field %s; a file has path, content and encoding", field)
+		}
 		return sandbox.Job{}, fmt.Errorf("arguments: %v", err)
 	}
 	job := sandbox.Job{Language: args.Language, Code: args.Code, Stdin: []byte(args.Stdin), OutputDir: outputDir}
 	if t := args.TimeoutSeconds; t != nil {
-		if math.IsNaN(*t) || *t <= 0 || *t > h.maxTimeout.Seconds() {
+		d := time.Duration(*t * float64(time.Second))
+		// A timeout too small to count in nanoseconds would read as "none
+		// given" and get the default; refuse it with the rest.
+		if math.IsNaN(*t) || d <= 0 || *t > h.maxTimeout.Seconds() {
 			return sandbox.Job{}, fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
 		}
-		job.Limits.Timeout = time.Duration(*t * float64(time.Second))
+		job.Limits.Timeout = d
 	}
 	for i, f := range args.Files {
 		var content []byte
@@ -268,7 +276,7 @@ func fileContent(f sandbox.OutputFile, mimeType string) mcpgo.Content {
 	if slices.Contains(imageTypes, mimeType) {
 		return mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), mimeType)
 	}
-	uri := "sandbox:///workspace/" + outputDir + "/" + f.Path
+	uri := (&url.URL{Scheme: "sandbox", Path: "/workspace/" + outputDir + "/" + f.Path}).String()
 	textual := strings.HasPrefix(mimeType, "text/") || mimeType == "application/json" || mimeType == "application/octet-stream" && looksLikeText(f.Data)
 	if textual && utf8.Valid(f.Data) {
 		if mimeType == "application/octet-stream" {
