@@ -54,9 +54,12 @@ test-unit:
 
 # The test command of the README and of CI: unit tests plus the integration
 # tests against the real runsc and the default image, one package at a time
-# so that timing-sensitive checks do not compete for the two CPUs.
+# so that timing-sensitive checks do not compete for the two CPUs; then
+# independent MCP clients (the MCP Inspector and the conformance suite)
+# against the built server.
 test: deps build runsc rootfs vet
 	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 60m ./...
+	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
 
 clean:
 	rm -rf bin

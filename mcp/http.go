@@ -8,12 +8,16 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/mark3labs/mcp-go/server"
 )
 
 // HTTPPath is where the Streamable HTTP endpoint is served.
 const HTTPPath = "/mcp"
+
+// sessionIdleTTL ends HTTP sessions that stay silent this long.
+const sessionIdleTTL = time.Hour
 
 // HTTPConfig guards the Streamable HTTP endpoint.
 type HTTPConfig struct {
@@ -38,7 +42,10 @@ type HTTPConfig struct {
 //   - the bearer token, when configured, must match;
 //   - bodies over MaxBodyBytes are refused.
 func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
-	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath))
+	// Stateful: a session the server never issued, or one that ended, is
+	// refused (404), as the protocol asks. Idle sessions expire.
+	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
+		server.WithStateful(true), server.WithSessionIdleTTL(sessionIdleTTL))
 	mux := http.NewServeMux()
 	mux.Handle(HTTPPath, guard(cfg, streamable))
 	return mux

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # install-deps.sh — install the host packages safe-run's build needs on
 # Debian or Ubuntu: debootstrap (the default image), pigz (faster archives),
-# ca-certificates. Installs only what is missing; needs root to install.
+# ca-certificates, and Node.js with npm (the MCP clients the tests use; Node
+# 20 or newer). Installs only what is missing; needs root to install.
 set -euo pipefail
 need=()
 command -v debootstrap >/dev/null || need+=(debootstrap)
 command -v pigz >/dev/null || need+=(pigz)
 [[ -e /etc/ssl/certs/ca-certificates.crt ]] || need+=(ca-certificates)
+command -v node >/dev/null || need+=(nodejs)
+command -v npm >/dev/null || need+=(npm)
 if ((${#need[@]})); then
 	if [[ $(id -u) != 0 ]]; then
 		echo "install-deps: missing ${need[*]}; install them as root: apt-get install -y ${need[*]}" >&2
