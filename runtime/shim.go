@@ -29,7 +29,7 @@ func ShimMain() {
 	args := os.Args[2:]
 	sep := slices.Index(args, "--")
 	if sep < 0 || sep == len(args)-1 {
-		shimFail(fmt.Errorf("usage: %s CGROUP_PROCS_FILE... -- COMMAND ARGS...", ShimCommand))
+		shimFail(fmt.Errorf("usage: %s CGROUP_PROCS_FILE... -- COMMAND ARGS", ShimCommand))
 	}
 	for _, procs := range args[:sep] {
 		if !strings.HasSuffix(procs, "/cgroup.procs") {
