@@ -21,8 +21,34 @@ package agent
 
 import "time"
 
-// Request asks the agent to run one program.
+// The operations of a Request.
+const (
+	// OpRun runs Argv as a new process (the default).
+	OpRun = ""
+	// OpEval runs Code in the session's persistent interpreter of kind
+	// Interpreter, which keeps its state from one request to the next.
+	OpEval = "eval"
+	// OpWrite only writes Files.
+	OpWrite = "write"
+	// OpRead returns the workspace file Path in Exit.Files.
+	OpRead = "read"
+	// OpList lists the workspace below Path in Exit.Files, without data.
+	OpList = "list"
+)
+
+// Request asks the agent to do one thing, by default run one program.
 type Request struct {
+	// Op is one of the Op constants.
+	Op string `json:"op,omitempty"`
+	// Code and Interpreter are the cell and the interpreter kind of OpEval.
+	Code        string `json:"code,omitempty"`
+	Interpreter string `json:"interpreter,omitempty"`
+	// Path is the file of OpRead or the directory of OpList, relative to
+	// the workspace.
+	Path string `json:"path,omitempty"`
+	// MaxBytes bounds the file OpRead returns; MaxFiles the entries of OpList.
+	MaxBytes int64 `json:"max_bytes,omitempty"`
+	MaxFiles int   `json:"max_files,omitempty"`
 	// Files are written below Workdir before the program starts.
 	Files []File `json:"files,omitempty"`
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH.
@@ -61,6 +87,8 @@ type OutputFile struct {
 	Data []byte `json:"data,omitempty"`
 	// Skipped says why Data is absent, e.g. "symbolic link (not followed)".
 	Skipped string `json:"skipped,omitempty"`
+	// Type is "file", "dir", "symlink" or "other", in OpList and OpRead.
+	Type string `json:"type,omitempty"`
 }
 
 // File is a file to write into the workspace.
@@ -125,6 +153,11 @@ type Exit struct {
 	Error string `json:"error,omitempty"`
 	// Duration is the program's wall time as the agent measured it.
 	Duration time.Duration `json:"duration"`
-	// Files are the collected output files, if the request asked for them.
+	// Files are the collected output files, if the request asked for them,
+	// or the result of OpRead and OpList. In a session, collected files are
+	// those new or changed since the previous request.
 	Files []OutputFile `json:"files,omitempty"`
+	// StateLost says a session's interpreter had to be killed or died: the
+	// next request starts with a fresh one.
+	StateLost bool `json:"state_lost,omitempty"`
 }

@@ -50,7 +50,7 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 			}
 			return fmt.Errorf("read request: %w", err)
 		}
-		exit := s.run(&req)
+		exit := s.handle(&req)
 		if err := s.send(Event{Exit: exit}); err != nil {
 			return err
 		}
@@ -65,6 +65,8 @@ type server struct {
 	mu     sync.Mutex // serialises writes to enc
 	enc    *json.Encoder
 	reaper *reaper
+	interp *interpreter         // the session's interpreter, once started
+	seen   map[string]fileStamp // output files returned so far in this session
 }
 
 func (s *server) send(ev Event) error {
@@ -76,17 +78,49 @@ func (s *server) send(ev Event) error {
 	return nil
 }
 
-// run runs one request to completion and describes how it ended.
-func (s *server) run(req *Request) *Exit {
+// handle carries out one request.
+func (s *server) handle(req *Request) *Exit {
+	switch req.Op {
+	case OpRun:
+		return s.run(req)
+	case OpEval:
+		if err := s.prepare(req); err != nil {
+			return &Exit{Code: -1, Error: err.Error()}
+		}
+		if req.Timeout <= 0 {
+			return &Exit{Code: -1, Error: "invalid request: a positive timeout is required"}
+		}
+		return s.eval(req)
+	case OpWrite:
+		if err := writeFiles(s.cfg.Workdir, req.Files, s.cfg.User); err != nil {
+			return &Exit{Code: 1, Error: err.Error()}
+		}
+		return &Exit{}
+	case OpRead:
+		return readFile(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxBytes)
+	case OpList:
+		return listFiles(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxFiles)
+	}
+	return &Exit{Code: -1, Error: fmt.Sprintf("unknown operation %q", req.Op)}
+}
+
+// prepare writes the request's files and creates its output directory.
+func (s *server) prepare(req *Request) error {
 	if err := writeFiles(s.cfg.Workdir, req.Files, s.cfg.User); err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
+		return err
 	}
 	if req.Collect != nil {
 		// The output directory exists from the start, so that programs can
 		// write to it without creating it.
-		if err := makeDir(s.cfg.Workdir, req.Collect.Dir, s.cfg.User); err != nil {
-			return &Exit{Code: -1, Error: err.Error()}
-		}
+		return makeDir(s.cfg.Workdir, req.Collect.Dir, s.cfg.User)
+	}
+	return nil
+}
+
+// run runs one request's program to completion and describes how it ended.
+func (s *server) run(req *Request) *Exit {
+	if err := s.prepare(req); err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
 	}
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: argv and a positive timeout are required"}
@@ -214,19 +248,23 @@ func (c *streamCapture) drain(r *os.File) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := r.Read(buf)
-		if n > 0 {
-			before := len(c.Head())
-			c.Write(buf[:n])
-			if grown := c.Head()[before:]; len(grown) > 0 {
-				if c.send(Event{Output: &Output{Stream: c.stream, Data: bytes.Clone(grown)}}) != nil {
-					return
-				}
-			}
+		if n > 0 && c.add(buf[:n]) != nil {
+			return
 		}
 		if err != nil {
 			return
 		}
 	}
+}
+
+// add records p and sends what of it joined the head.
+func (c *streamCapture) add(p []byte) error {
+	before := len(c.Head())
+	c.Write(p)
+	if grown := c.Head()[before:]; len(grown) > 0 {
+		return c.send(Event{Output: &Output{Stream: c.stream, Data: bytes.Clone(grown)}})
+	}
+	return nil
 }
 
 // writeFiles writes files below dir, refusing any path that would leave it,

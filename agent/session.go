@@ -1,0 +1,433 @@
+//go:build linux
+
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The drivers are the persistent interpreters of sessions, one per
+// language kind; each reads cells from fd 3 and reports on fd 4.
+var (
+	//go:embed drivers/python.py
+	pythonDriver string
+	//go:embed drivers/node.js
+	nodeDriver string
+	//go:embed drivers/bash.sh
+	bashDriver string
+)
+
+// Interpreters are the kinds of persistent interpreter a session can keep.
+var Interpreters = []string{"python", "node", "bash"}
+
+func driverArgv(kind string) ([]string, error) {
+	switch kind {
+	case "python":
+		return []string{"python3", "-u", "-c", pythonDriver}, nil
+	case "node":
+		// The REPL's own rewriting gives top-level await; it is internal.
+		return []string{"node", "--expose-internals", "-e", nodeDriver}, nil
+	case "bash":
+		return []string{"bash", "--norc", "--noprofile", "-c", bashDriver, "session"}, nil
+	}
+	return nil, fmt.Errorf("no persistent interpreter for %q; use one of %s", kind, strings.Join(Interpreters, ", "))
+}
+
+// interruptGrace is how long a cell that passed its timeout gets to stop
+// after SIGINT before the interpreter, and its state, are killed.
+const interruptGrace = 2 * time.Second
+
+// interpreter is a running driver.
+type interpreter struct {
+	kind     string
+	pid      int
+	marker   []byte
+	commands *os.File          // fd 3 of the driver
+	statuses <-chan string     // lines from fd 4; closed when the driver exits
+	stdout   <-chan []byte     // chunks; closed at EOF
+	stderr   <-chan []byte
+	done     <-chan unix.WaitStatus
+	carry    [2][]byte // output read past a cell's end marker, for the next cell
+}
+
+// fileStamp tells whether an output file changed since it was returned.
+type fileStamp struct {
+	size  int64
+	mtime time.Time
+}
+
+func (s *server) startInterpreter(kind string) (*interpreter, error) {
+	argv, err := driverArgv(kind)
+	if err != nil {
+		return nil, err
+	}
+	path, err := lookPath(argv[0])
+	if err != nil {
+		return nil, err
+	}
+	nonce := make([]byte, 16)
+	_, _ = rand.Read(nonce)
+	// Control characters and a random part: no program prints it by chance.
+	marker := "\x1esafe-run-cell-end-" + hex.EncodeToString(nonce) + "\x1e"
+
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil, err
+	}
+	outR, outW, _ := os.Pipe()
+	errR, errW, _ := os.Pipe()
+	cmdR, cmdW, _ := os.Pipe()
+	statR, statW, _ := os.Pipe()
+	s.reaper.mu.Lock()
+	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
+		Dir:   s.cfg.Workdir,
+		Env:   append(os.Environ(), "SAFE_RUN_MARKER="+marker),
+		Files: []*os.File{devnull, outW, errW, cmdR, statW},
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
+	})
+	var done <-chan unix.WaitStatus
+	if err == nil {
+		done = s.reaper.expectLocked(proc.Pid)
+	}
+	s.reaper.mu.Unlock()
+	closeAll(devnull, outW, errW, cmdR, statW)
+	if err != nil {
+		closeAll(outR, errR, cmdW, statR)
+		return nil, fmt.Errorf("start the %s interpreter: %w", kind, err)
+	}
+	it := &interpreter{
+		kind: kind, pid: proc.Pid, marker: []byte(marker), commands: cmdW, done: done,
+		stdout: chunks(outR), stderr: chunks(errR),
+	}
+	_ = proc.Release()
+	statuses := make(chan string, 1)
+	go func() {
+		defer close(statuses)
+		defer statR.Close()
+		sc := bufio.NewScanner(statR)
+		for sc.Scan() {
+			statuses <- sc.Text()
+		}
+	}()
+	it.statuses = statuses
+	return it, nil
+}
+
+// chunks reads f until EOF, handing over what it reads.
+func chunks(f *os.File) <-chan []byte {
+	ch := make(chan []byte, 16)
+	go func() {
+		defer close(ch)
+		defer f.Close()
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := f.Read(buf)
+			if n > 0 {
+				ch <- bytes.Clone(buf[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ch
+}
+
+// stop kills the interpreter and everything the program started.
+func (s *server) stopInterpreter() {
+	it := s.interp
+	if it == nil {
+		return
+	}
+	s.interp = nil
+	it.commands.Close()
+	_ = unix.Kill(-it.pid, unix.SIGKILL)
+	s.killStrays()
+	select {
+	case <-it.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+// killStrays kills every process in the sandbox but the agent. Only the
+// sandbox's init may do so: anywhere else kill(-1) would reach the host.
+func (s *server) killStrays() {
+	if os.Getpid() == 1 {
+		_ = unix.Kill(-1, unix.SIGKILL)
+	}
+}
+
+// eval runs one cell in the session's interpreter, starting it if needed.
+func (s *server) eval(req *Request) *Exit {
+	exit := &Exit{}
+	if s.interp != nil && s.interp.kind != req.Interpreter {
+		s.stopInterpreter()
+	}
+	if s.interp == nil {
+		it, err := s.startInterpreter(req.Interpreter)
+		if err != nil {
+			return &Exit{Code: -1, Error: err.Error()}
+		}
+		s.interp = it
+	}
+	it := s.interp
+	if strings.IndexByte(req.Code, 0) >= 0 || bytes.IndexByte(req.Stdin, 0) >= 0 {
+		return &Exit{Code: -1, Error: "code and stdin of a session call cannot contain NUL bytes"}
+	}
+	start := time.Now()
+	go func() {
+		// A cell larger than the pipe waits for the driver to read it.
+		msg := append(append(append([]byte(req.Code), 0), req.Stdin...), 0)
+		_, _ = it.commands.Write(msg)
+	}()
+
+	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
+	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
+	streams := [2]*cellStream{
+		{capture: stdout, in: it.stdout, pending: it.carry[0]},
+		{capture: stderr, in: it.stderr, pending: it.carry[1]},
+	}
+	for _, st := range streams {
+		st.marker = it.marker
+	}
+	var status string
+	statusSeen := false
+	deadline := time.NewTimer(req.Timeout)
+	defer deadline.Stop()
+	interrupted := false
+	for !(statusSeen && streams[0].ended && streams[1].ended) {
+		for _, st := range streams {
+			st.flushPending()
+		}
+		if statusSeen && streams[0].ended && streams[1].ended {
+			break
+		}
+		select {
+		case b, ok := <-streams[0].inOrNil():
+			streams[0].take(b, ok)
+		case b, ok := <-streams[1].inOrNil():
+			streams[1].take(b, ok)
+		case line, ok := <-it.statuses:
+			if ok {
+				status, statusSeen = line, true
+			} else {
+				it.statuses = nil
+			}
+		case ws := <-it.done:
+			// The interpreter died in the cell: its state is gone.
+			it.done = nil
+			s.drainAfterDeath(streams)
+			s.interp = nil
+			it.commands.Close()
+			s.killStrays()
+			exit.StateLost = true
+			if ws.Signaled() {
+				exit.Code, exit.Signal = -1, unix.SignalName(ws.Signal())
+			} else {
+				exit.Code = ws.ExitStatus()
+				if exit.Code == 0 {
+					exit.Code = 1 // it left mid-cell: not a success
+				}
+			}
+			if interrupted {
+				exit.TimedOut = true
+			}
+			return s.finishCell(exit, req, streams, start)
+		case <-deadline.C:
+			exit.TimedOut = true
+			if !interrupted {
+				// Ask first: Python raises KeyboardInterrupt, Node's vm
+				// throws, and the session's state survives.
+				interrupted = true
+				_ = unix.Kill(it.pid, unix.SIGINT)
+				deadline.Reset(interruptGrace)
+				continue
+			}
+			s.stopInterpreter()
+			exit.StateLost = true
+			exit.Code = -1
+			return s.finishCell(exit, req, streams, start)
+		}
+	}
+	it.carry[0], it.carry[1] = streams[0].pending, streams[1].pending
+	switch {
+	case status == "ok":
+		exit.Code = 0
+	case status == "interrupted":
+		exit.Code, exit.TimedOut = 1, true
+	case strings.HasPrefix(status, "exit "):
+		exit.Code, _ = strconv.Atoi(strings.TrimPrefix(status, "exit "))
+	default:
+		exit.Code = 1
+	}
+	return s.finishCell(exit, req, streams, start)
+}
+
+func (s *server) finishCell(exit *Exit, req *Request, streams [2]*cellStream, start time.Time) *Exit {
+	exit.Duration = time.Since(start)
+	exit.StdoutBytes, exit.StdoutTail = streams[0].capture.Total(), streams[0].capture.Tail()
+	exit.StderrBytes, exit.StderrTail = streams[1].capture.Total(), streams[1].capture.Tail()
+	if req.Collect != nil {
+		if s.seen == nil {
+			s.seen = map[string]fileStamp{}
+		}
+		exit.Files = collectChanged(s.cfg.Workdir, req.Collect, s.seen)
+	}
+	return exit
+}
+
+// drainAfterDeath takes what the dead interpreter left in its pipes.
+func (s *server) drainAfterDeath(streams [2]*cellStream) {
+	timeout := time.After(500 * time.Millisecond)
+	for _, st := range streams {
+		for !st.closed {
+			select {
+			case b, ok := <-st.in:
+				st.take(b, ok)
+			case <-timeout:
+				return
+			}
+		}
+		st.flushPending()
+	}
+}
+
+// cellStream splits an interpreter's output stream at cell end markers.
+type cellStream struct {
+	capture *streamCapture
+	in      <-chan []byte
+	marker  []byte
+	pending []byte // read but not yet given to the capture
+	ended   bool   // the marker of this cell was seen
+	closed  bool
+}
+
+func (c *cellStream) inOrNil() <-chan []byte {
+	if c.ended || c.closed {
+		return nil
+	}
+	return c.in
+}
+
+func (c *cellStream) take(b []byte, ok bool) {
+	if !ok {
+		c.closed, c.ended = true, true
+		return
+	}
+	c.pending = append(c.pending, b...)
+}
+
+// flushPending gives the capture everything before the marker, holding back
+// a tail that could be the start of one.
+func (c *cellStream) flushPending() {
+	if c.ended && !c.closed {
+		return
+	}
+	if i := bytes.Index(c.pending, c.marker); i >= 0 {
+		c.capture.add(c.pending[:i])
+		c.pending = bytes.Clone(c.pending[i+len(c.marker):])
+		c.ended = true
+		return
+	}
+	keep := len(c.marker) - 1
+	if c.closed {
+		keep = 0
+	}
+	if n := len(c.pending) - keep; n > 0 {
+		c.capture.add(c.pending[:n])
+		c.pending = bytes.Clone(c.pending[n:])
+	}
+}
+
+// collectChanged collects the files of c.Dir that are new or changed since
+// seen was last updated, and updates it.
+func collectChanged(workdir string, c *Collect, seen map[string]fileStamp) []OutputFile {
+	var out []OutputFile
+	for _, f := range collect(workdir, c) {
+		fi, err := os.Lstat(filepath.Join(workdir, c.Dir, f.Path))
+		if err != nil {
+			continue
+		}
+		stamp := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
+		if old, ok := seen[f.Path]; ok && old == stamp {
+			continue
+		}
+		seen[f.Path] = stamp
+		out = append(out, f)
+	}
+	return out
+}
+
+// readFile returns one workspace file, within max bytes.
+func readFile(workdir, name string, max int64) *Exit {
+	root, err := os.OpenRoot(workdir)
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	defer root.Close()
+	fi, err := root.Lstat(name)
+	switch {
+	case err != nil:
+		return &Exit{Code: 1, Error: fmt.Sprintf("%s: no such file in the workspace", name)}
+	case fi.Mode()&fs.ModeSymlink != 0:
+		return &Exit{Code: 1, Error: fmt.Sprintf("%s is a symbolic link; links are not followed", name)}
+	case fi.IsDir():
+		return &Exit{Code: 1, Error: fmt.Sprintf("%s is a directory; list it instead", name)}
+	}
+	data, size, skipped := readRegular(root, name, max, max)
+	if skipped != "" {
+		return &Exit{Code: 1, Error: fmt.Sprintf("%s (%d bytes): %s", name, size, skipped)}
+	}
+	return &Exit{Files: []OutputFile{{Path: name, Size: size, Data: data, Type: "file"}}}
+}
+
+// listFiles lists the workspace below dir, recursively, without following
+// links, up to max entries.
+func listFiles(workdir, dir string, max int) *Exit {
+	root, err := os.OpenRoot(workdir)
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	defer root.Close()
+	if fi, err := root.Lstat(dir); err != nil || !fi.IsDir() {
+		return &Exit{Code: 1, Error: fmt.Sprintf("%s: no such directory in the workspace", dir)}
+	}
+	var out []OutputFile
+	_ = fs.WalkDir(root.FS(), dir, func(name string, d fs.DirEntry, err error) error {
+		if err != nil || name == dir {
+			return nil
+		}
+		if len(out) >= max {
+			return fs.SkipAll
+		}
+		f := OutputFile{Path: name, Type: "other"}
+		switch {
+		case d.IsDir():
+			f.Type = "dir"
+		case d.Type()&fs.ModeSymlink != 0:
+			f.Type = "symlink"
+		case d.Type().IsRegular():
+			f.Type = "file"
+			if fi, err := d.Info(); err == nil {
+				f.Size = fi.Size()
+			}
+		}
+		out = append(out, f)
+		return nil
+	})
+	return &Exit{Files: out}
+}
