@@ -78,6 +78,9 @@ type Config struct {
 	Agent string
 	// Env replaces DefaultEnv when set.
 	Env []string
+	// KeepAlive makes the agent serve requests until its input ends, for a
+	// session, instead of exactly one.
+	KeepAlive bool
 }
 
 // Build returns the runtime configuration for job, whose limits must be
@@ -110,8 +113,7 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		Root:    &specs.Root{Path: cfg.Rootfs, Readonly: true},
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: []string{AgentPath, "--one-shot", "--workdir", Workspace,
-				"--uid", strconv.Itoa(UID), "--gid", strconv.Itoa(GID)},
+			Args: agentArgs(cfg.KeepAlive),
 			Env: slices.Clone(env),
 			Cwd: Workspace,
 			// Nothing inheritable or ambient: the program, started by the
@@ -150,6 +152,14 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 			ReadonlyPaths: slices.Clone(readonlyPaths),
 		},
 	}, nil
+}
+
+func agentArgs(keepAlive bool) []string {
+	args := []string{AgentPath, "--workdir", Workspace, "--uid", strconv.Itoa(UID), "--gid", strconv.Itoa(GID)}
+	if !keepAlive {
+		args = append(args, "--one-shot")
+	}
+	return args
 }
 
 func mounts(l sandbox.Limits, agent string) []specs.Mount {

@@ -577,3 +577,21 @@ func TestWriteError(t *testing.T) {
 		}
 	}
 }
+
+func TestKeepAliveAgentServesManyRequests(t *testing.T) {
+	job, _, err := sandbox.Policy{}.Check(sandbox.Job{Language: "python", Code: "1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, keep := range []bool{false, true} {
+		cfg := testConfig
+		cfg.KeepAlive = keep
+		spec, err := bundle.Build(job, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if oneShot := slices.Contains(spec.Process.Args, "--one-shot"); oneShot == keep {
+			t.Errorf("KeepAlive %v: agent args %v", keep, spec.Process.Args)
+		}
+	}
+}

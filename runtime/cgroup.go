@@ -1,10 +1,12 @@
 package runtime
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -168,6 +170,30 @@ func hasSwapAccounting(paths map[string]string) bool {
 	return err == nil
 }
 
+// cgroupKillWait bounds how long killing a cgroup's processes may take.
+const cgroupKillWait = 5 * time.Second
+
+// open attaches c to the cgroup directories of its paths that exist: those
+// of a run whose owner died.
+func (c *runCgroup) open(layout CgroupLayout) error {
+	for k, p := range c.paths {
+		if _, err := os.Stat(p); err != nil {
+			delete(c.paths, k)
+		}
+	}
+	if len(c.paths) == 0 {
+		return os.ErrNotExist
+	}
+	cg := &cgroups.Cgroup{Resources: &cgroups.Resources{}}
+	var err error
+	if layout.Mode == "v2" {
+		c.mgr, err = fs2.NewManager(cg, c.paths[""])
+	} else {
+		c.mgr, err = fs.NewManager(cg, c.paths)
+	}
+	return err
+}
+
 // procsFiles are the cgroup.procs files a process writes "0" to in order to
 // join the cgroup in every hierarchy.
 func (c *runCgroup) procsFiles() []string {
@@ -198,19 +224,63 @@ func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 // sandbox, all of this run — until none is left or d has passed. Only the
 // run's own processes can be there: the shim put runsc in, and everything
 // else descends from it.
+//
+// Descendants go first, so that their parent (runsc, alive until then)
+// reaps them at once: orphans are reaped by the host's init, which may take
+// seconds, and until then they keep the cgroup from being removed.
 func (c *runCgroup) killAll(d time.Duration) {
 	if c.mgr == nil {
 		return
 	}
-	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
-		pids, err := c.mgr.GetAllPids()
-		if err != nil || len(pids) == 0 || time.Now().After(deadline) {
-			return
-		}
-		for _, pid := range pids {
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+	deadline := time.Now().Add(d)
+	for _, topsToo := range []bool{false, true} {
+		for ; ; time.Sleep(5 * time.Millisecond) {
+			pids, err := c.mgr.GetAllPids()
+			if err != nil || time.Now().After(deadline) {
+				return
+			}
+			victims := pids
+			if !topsToo {
+				victims = descendants(pids)
+			}
+			if len(victims) == 0 {
+				break
+			}
+			for _, pid := range victims {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
 	}
+}
+
+// descendants returns the pids whose parent is also in pids.
+func descendants(pids []int) []int {
+	in := make(map[int]bool, len(pids))
+	for _, pid := range pids {
+		in[pid] = true
+	}
+	var out []int
+	for _, pid := range pids {
+		if in[parentPid(pid)] {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// parentPid reads a process's parent from /proc, 0 if it is gone.
+func parentPid(pid int) int {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name may hold spaces and parentheses: fields follow the last ')'.
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
 }
 
 // destroy kills whatever is left in the cgroup and removes it.
@@ -218,7 +288,7 @@ func (c *runCgroup) destroy() error {
 	if c.mgr == nil {
 		return nil
 	}
-	c.killAll(2 * time.Second)
+	c.killAll(cgroupKillWait)
 	if err := c.mgr.Destroy(); err != nil {
 		return fmt.Errorf("remove cgroup: %w", err)
 	}

@@ -76,6 +76,13 @@ func wantStatus(t *testing.T, res sandbox.Result, want sandbox.Status) {
 // empty, and no cgroup, process or mount of any listed sandbox remains.
 func assertNothingLeft(t *testing.T, rt *Runtime, ids []string) {
 	t.Helper()
+	// Killed sandboxes' processes are reaped by the host's init, which can
+	// take seconds; the runtime retries their cgroups' removal until then.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rt.Wait(ctx); err != nil {
+		t.Errorf("runs and cgroup removals not finished within a minute: %v", err)
+	}
 	entries, err := os.ReadDir(rt.cfg.StateDir)
 	if err != nil {
 		t.Errorf("read state dir: %v", err)

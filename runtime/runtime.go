@@ -47,6 +47,8 @@ type Config struct {
 	// DebugLogDir, if set, makes runsc write debug logs to a directory per
 	// run below it. The logs are kept.
 	DebugLogDir string
+	// Sessions bounds sessions (see CreateSession).
+	Sessions SessionConfig
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -68,7 +70,11 @@ type Runtime struct {
 	cfg     Config
 	cgroups CgroupLayout
 	log     *slog.Logger
-	live    sync.WaitGroup // runs not yet cleaned up
+	live    sync.WaitGroup // sandboxes not yet destroyed
+	lagging sync.WaitGroup // cgroups whose removal is being retried
+
+	sessionsOnce sync.Once
+	sessions     *sessionTable
 }
 
 var _ sandbox.Runner = (*Runtime)(nil)
@@ -118,7 +124,39 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}, nil
+	rt := &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}
+	reaped, err := rt.reapStale()
+	if len(reaped) > 0 {
+		rt.log.Warn("removed sandboxes left by a safe-run process that died", "sandboxes", reaped)
+	}
+	if err != nil {
+		rt.log.Error("remove stale sandboxes", "err", err)
+	}
+	return rt, nil
+}
+
+// cgroupRetry bounds how long the removal of a cgroup is retried.
+const cgroupRetry = 2 * time.Minute
+
+// removeCgroup removes a run's cgroup. Killed sandbox processes are reaped
+// by the host's init, which can take seconds, and keep the cgroup busy
+// until then; so when the first attempt fails, it is retried in the
+// background, and Wait waits for it.
+func (rt *Runtime) removeCgroup(id string, c *runCgroup) {
+	if c == nil || c.destroy() == nil {
+		return
+	}
+	rt.lagging.Add(1)
+	go func() {
+		defer rt.lagging.Done()
+		var err error
+		for deadline := time.Now().Add(cgroupRetry); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+			if err = c.destroy(); err == nil {
+				return
+			}
+		}
+		rt.log.Error("remove cgroup", "id", id, "err", err)
+	}()
 }
 
 // CheckPrivileges reports whether this process can run sandboxes: for now
@@ -130,11 +168,12 @@ func CheckPrivileges() error {
 	return nil
 }
 
-// Wait blocks until every run in progress has ended and been cleaned up,
-// or ctx ends. A server calls it after cancelling its runs, before exit.
+// Wait blocks until every sandbox has been destroyed — runs ended and
+// cleaned up, sessions closed — or ctx ends. A server calls it after
+// cancelling its runs and closing its sessions, before exit.
 func (rt *Runtime) Wait(ctx context.Context) error {
 	done := make(chan struct{})
-	go func() { rt.live.Wait(); close(done) }()
+	go func() { rt.live.Wait(); rt.lagging.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil

@@ -18,13 +18,17 @@ type Language struct {
 	Filename string `json:"filename"`
 	// Command runs the code; it is resolved inside the sandbox's PATH.
 	Command []string `json:"command"`
+	// Interpreter is the kind of persistent interpreter sessions of this
+	// language use ("python", "node" or "bash"); empty means the language
+	// has no sessions.
+	Interpreter string `json:"interpreter,omitempty"`
 }
 
 // DefaultLanguages are the languages of the default image.
 var DefaultLanguages = []Language{
-	{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}},
-	{Name: "node", Filename: "main.js", Command: []string{"node", "main.js"}},
-	{Name: "bash", Filename: "main.sh", Command: []string{"bash", "main.sh"}},
+	{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}, Interpreter: "python"},
+	{Name: "node", Filename: "main.js", Command: []string{"node", "main.js"}, Interpreter: "node"},
+	{Name: "bash", Filename: "main.sh", Command: []string{"bash", "main.sh"}, Interpreter: "bash"},
 }
 
 // Policy decides which jobs are acceptable and fills in their defaults.

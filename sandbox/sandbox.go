@@ -105,8 +105,13 @@ type Result struct {
 	Message string `json:"message,omitempty"`
 	// SandboxID identifies the sandbox in logs.
 	SandboxID string `json:"sandbox_id,omitempty"`
-	// Files are the files found in the job's OutputDir.
+	// Files are the files found in the job's OutputDir; in a session, those
+	// new or changed since the previous call.
 	Files []OutputFile `json:"files,omitempty"`
+	// StateLost says a session's interpreter or sandbox had to be restarted:
+	// variables and imports are gone (files in /workspace survive unless
+	// the whole sandbox was).
+	StateLost bool `json:"state_lost,omitempty"`
 }
 
 // OutputFile is a file the program left in the job's OutputDir.
@@ -120,4 +125,6 @@ type OutputFile struct {
 	// Skipped says why the content was not returned: a symbolic link (never
 	// followed), not a regular file, or over a size cap.
 	Skipped string `json:"skipped,omitempty"`
+	// Type is "file", "dir", "symlink" or "other" in file listings.
+	Type string `json:"type,omitempty"`
 }

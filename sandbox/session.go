@@ -1,0 +1,59 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Sessions keep one sandbox alive across calls, with a persistent
+// interpreter: variables, imports and files survive from one call to the
+// next. Implementations are safe for concurrent use; calls on one session
+// run one at a time.
+type Sessions interface {
+	// CreateSession starts a session for spec.Language.
+	CreateSession(ctx context.Context, spec SessionSpec) (SessionInfo, error)
+	// RunInSession runs job.Code in the session's interpreter. The job's
+	// language must be the session's; its files are written first.
+	RunInSession(ctx context.Context, id string, job Job) (Result, error)
+	// WriteFiles writes files into the session's workspace.
+	WriteFiles(ctx context.Context, id string, files []File) error
+	// ReadFile returns a file of the session's workspace.
+	ReadFile(ctx context.Context, id, path string) (OutputFile, error)
+	// ListFiles lists the session's workspace below dir ("." for all).
+	ListFiles(ctx context.Context, id, dir string) ([]OutputFile, error)
+	// CloseSession ends the session and frees everything it held.
+	CloseSession(ctx context.Context, id string) error
+	// ListSessions describes the live sessions.
+	ListSessions() []SessionInfo
+}
+
+// SessionSpec asks for a session.
+type SessionSpec struct {
+	Language string
+	// Limits apply to the whole session (memory, processes, CPU, workspace)
+	// and, for Timeout and OutputBytes, to each call that sets none.
+	Limits Limits
+}
+
+// SessionInfo describes a session.
+type SessionInfo struct {
+	ID       string    `json:"session_id"`
+	Language string    `json:"language"`
+	Created  time.Time `json:"created"`
+	LastUsed time.Time `json:"last_used"`
+	// ExpiresAt is when the session ends unless used again (idle timeout)
+	// or at the latest (maximum lifetime).
+	ExpiresAt time.Time `json:"expires_at"`
+	Calls     int       `json:"calls"`
+}
+
+// ErrNoSession is returned for a session ID that is unknown, closed or
+// expired.
+var ErrNoSession = errors.New("no such session: it may have expired or been closed; create a new session")
+
+// ErrTooManySessions is returned when the session limit is reached.
+var ErrTooManySessions = errors.New("too many sessions: close one you no longer need, or wait for an idle one to expire")
+
+// ErrSessionsUnsupported is returned for a language without sessions.
+var ErrSessionsUnsupported = errors.New("this language has no sessions")
