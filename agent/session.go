@@ -56,9 +56,9 @@ type interpreter struct {
 	kind     string
 	pid      int
 	marker   []byte
-	commands *os.File          // fd 3 of the driver
-	statuses <-chan string     // lines from fd 4; closed when the driver exits
-	stdout   <-chan []byte     // chunks; closed at EOF
+	commands *os.File      // fd 3 of the driver
+	statuses <-chan string // lines from fd 4; closed when the driver exits
+	stdout   <-chan []byte // chunks; closed at EOF
 	stderr   <-chan []byte
 	done     <-chan unix.WaitStatus
 	carry    [2][]byte // output read past a cell's end marker, for the next cell

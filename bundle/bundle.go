@@ -114,8 +114,8 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
 			Args: agentArgs(cfg.KeepAlive),
-			Env: slices.Clone(env),
-			Cwd: Workspace,
+			Env:  slices.Clone(env),
+			Cwd:  Workspace,
 			// Nothing inheritable or ambient: the program, started by the
 			// agent as another user, ends up with no capability at all.
 			Capabilities: &specs.LinuxCapabilities{

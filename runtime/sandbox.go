@@ -149,8 +149,8 @@ func (p *sandboxProc) shimArgs() []string {
 		"--root", p.runscRoot(),
 		"--platform", p.rt.cfg.Platform,
 		"--network", "none", // the sandbox gets only a loopback interface
-		"--oci-seccomp", // apply the bundle's seccomp filter inside gVisor
-		"--ignore-cgroups", // safe-run owns the cgroup and starts runsc inside it
+		"--oci-seccomp",      // apply the bundle's seccomp filter inside gVisor
+		"--ignore-cgroups",   // safe-run owns the cgroup and starts runsc inside it
 		"--overlay2", "none", // the root is read-only; nothing needs an overlay
 	)
 	if d := p.rt.cfg.DebugLogDir; d != "" {
