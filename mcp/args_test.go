@@ -52,10 +52,10 @@ func TestRunCodeInvalidArguments(t *testing.T) {
 			want: []string{`argument "timeout_seconds" must be greater than 0 and at most 60`}},
 		{name: "invalid base64", args: map[string]any{"language": "python", "code": "1",
 			"files": []any{map[string]any{"path": "a.bin", "content": "not base64!", "encoding": "base64"}}},
-			want: []string{`argument "files"[0] (a.bin): content is not valid base64`}},
+			want: []string{`argument "files"[0]: content of a.bin is not valid base64`}},
 		{name: "unknown encoding", args: map[string]any{"language": "python", "code": "1",
 			"files": []any{map[string]any{"path": "a.txt", "content": "x"}, map[string]any{"path": "b.txt", "content": "x", "encoding": "hex"}}},
-			want: []string{`argument "files"[1] (b.txt): encoding "hex" is not text or base64`}},
+			want: []string{`argument "files"[1]: encoding "hex" of b.txt is not text or base64`}},
 
 		// Errors of the policy name the tool's arguments.
 		{name: "unknown language", args: map[string]any{"language": "cobol", "code": "1"},
@@ -231,7 +231,7 @@ func TestParseArgsUnencodable(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if job, err := h.parseArgs(tt.raw); err == nil {
+			if job, _, err := h.parseArgs(tt.raw); err == nil {
 				t.Errorf("parseArgs accepted %v as %+v", tt.raw, job)
 			}
 		})

@@ -23,13 +23,21 @@ type Environment struct {
 	Workdir string `json:"workdir"`
 	// OutputDir is where code writes files it wants returned.
 	OutputDir string `json:"output_dir"`
-	// Stateless says that every call starts in a fresh sandbox.
-	Stateless bool `json:"stateless"`
+	// Sessions, when offered, bound the stateful sessions; without them
+	// every call starts in a fresh sandbox.
+	Sessions *SessionLimits `json:"sessions,omitempty"`
 	// DefaultLimits and MaxLimits are the limits calls get and may ask for.
 	DefaultLimits LimitsInfo `json:"default_limits"`
 	MaxLimits     LimitsInfo `json:"max_limits"`
 	// OutputFiles bounds the files returned from OutputDir.
 	OutputFiles sandbox.OutputFileLimits `json:"output_files"`
+}
+
+// SessionLimits describes the limits of sessions.
+type SessionLimits struct {
+	MaxSessions        int     `json:"max_sessions"`
+	IdleTimeoutSeconds float64 `json:"idle_timeout_seconds"`
+	MaxLifetimeSeconds float64 `json:"max_lifetime_seconds"`
 }
 
 // LanguageInfo describes one language of the sandbox.
@@ -74,7 +82,7 @@ print(json.dumps({"version": sys.version.split()[0],
 func ProbeEnvironment(ctx context.Context, runner sandbox.Runner, policy sandbox.Policy) Environment {
 	def, _, hi := policy.Limits()
 	env := Environment{
-		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir, Stateless: true,
+		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir,
 		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi), OutputFiles: policy.OutputFileLimits(),
 	}
 	langs := policy.Languages

@@ -132,7 +132,7 @@ func TestProbeEnvironment(t *testing.T) {
 			{Name: "bash"}, // its probe failed
 			{Name: "ruby"}, // no probe for ruby
 		},
-		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/out", Stateless: true,
+		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/out",
 		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi),
 		OutputFiles: sandbox.OutputFileLimits{MaxFiles: 4, MaxFileBytes: sandbox.DefaultOutputFiles.MaxFileBytes, MaxTotalBytes: sandbox.DefaultOutputFiles.MaxTotalBytes},
 	}

@@ -80,7 +80,7 @@ func testEnv() Environment {
 			{Name: "node", Version: "18.19.0"},
 			{Name: "bash", Version: "5.2.15"},
 		},
-		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/out", Stateless: true,
+		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/out",
 		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi), OutputFiles: sandbox.Policy{}.OutputFileLimits(),
 	}
 }

@@ -23,6 +23,8 @@ import (
 type Config struct {
 	// Runner runs the jobs.
 	Runner sandbox.Runner
+	// Sessions, if set, offers stateful sessions and their tools.
+	Sessions sandbox.Sessions
 	// Policy is the runner's policy, used to describe languages and limits.
 	Policy sandbox.Policy
 	// Environment describes the sandbox (see ProbeEnvironment).
@@ -63,6 +65,9 @@ func NewServer(cfg Config) *server.MCPServer {
 	)
 	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout}
 	s.AddTool(runCodeTool(cfg.Environment, cfg.MaxTimeout), h.runCode)
+	if cfg.Sessions != nil {
+		h.addSessionTools(s)
+	}
 	s.AddResource(mcpgo.NewResource(EnvironmentURI, "environment",
 		mcpgo.WithResourceDescription("Languages, interpreter versions, installed packages and limits of the sandbox"),
 		mcpgo.WithMIMEType("application/json")), h.environment)
@@ -75,7 +80,7 @@ type handler struct {
 }
 
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
-	job, err := h.parseArgs(req.Params.Arguments)
+	job, sessionID, err := h.parseArgs(req.Params.Arguments)
 	if err != nil {
 		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
 	}
@@ -124,9 +129,14 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		}
 	}()
 
-	res, err := h.cfg.Runner.Run(ctx, job)
+	var res sandbox.Result
+	if sessionID != "" {
+		res, err = h.cfg.Sessions.RunInSession(ctx, sessionID, job)
+	} else {
+		res, err = h.cfg.Runner.Run(ctx, job)
+	}
 	if err != nil {
-		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+		return sessionError(err), nil
 	}
 	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
 		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)

@@ -26,6 +26,7 @@ const outputDir = "out"
 
 // runCodeArgs are the arguments of run_code.
 type runCodeArgs struct {
+	SessionID      string      `json:"session_id"`
 	Language       string      `json:"language"`
 	Code           string      `json:"code"`
 	TimeoutSeconds *float64    `json:"timeout_seconds"`
@@ -91,6 +92,11 @@ const outputSchema = `{
 // runCodeTool builds the tool definition from the environment.
 func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
 	names, _ := json.Marshal(env.names())
+	session := ""
+	if env.Sessions != nil {
+		session = `
+    "session_id": {"type": "string", "description": "run in this session (from create_session), keeping its state; omit for a fresh sandbox"},`
+	}
 	input := fmt.Sprintf(`{
   "type": "object",
   "properties": {
@@ -98,7 +104,7 @@ func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
     "code": {"type": "string", "description": "the program to run; it runs as a file in /workspace"},
     "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": %g,
       "description": "wall-clock limit in seconds (default %g)"},
-    "stdin": {"type": "string", "description": "the program's standard input"},
+    "stdin": {"type": "string", "description": "the program's standard input"},%s
     "files": {"type": "array", "description": "files to place in /workspace before the run",
       "items": {"type": "object",
         "properties": {
@@ -108,7 +114,7 @@ func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
         "required": ["path", "content"]}}
   },
   "required": ["language", "code"]
-}`, names, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds)
+}`, names, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds, session)
 
 	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), json.RawMessage(input))
 	mcpgo.WithRawOutputSchema(json.RawMessage(outputSchema))(&tool)
@@ -128,7 +134,7 @@ func describeTool(env Environment, maxTimeout time.Duration) string {
 	return fmt.Sprintf(`Run a program in a fresh, isolated sandbox (gVisor) and return its output.
 
 Languages: %s.
-Each call starts from scratch: no variables, files or processes survive from earlier calls. There is no network: nothing can be downloaded or installed, so use only what is listed above.
+Without session_id each call starts from scratch: no variables, files or processes survive from earlier calls; with a session_id from create_session, the session's interpreter keeps its state. There is no network: nothing can be downloaded or installed, so use only what is listed above.
 The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
 To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). Images (PNG, JPEG, GIF, SVG) come back as images, other files as resources; at most %d files, %s each.
 Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
@@ -142,19 +148,20 @@ var argumentNames = map[string]string{"timeout": "timeout_seconds"}
 
 // parseArgs decodes and checks run_code's arguments into a job. Its errors
 // name the argument and what is allowed, for the model to fix its call.
-func (h *handler) parseArgs(raw any) (sandbox.Job, error) {
+// It also returns the session_id argument, empty for a fresh sandbox.
+func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	data, err := json.Marshal(raw)
 	if err != nil {
-		return sandbox.Job{}, fmt.Errorf("arguments are not a JSON object")
+		return sandbox.Job{}, "", fmt.Errorf("arguments are not a JSON object")
 	}
 	var known map[string]json.RawMessage
 	if err := json.Unmarshal(data, &known); err != nil || known == nil {
-		return sandbox.Job{}, fmt.Errorf("arguments must be a JSON object with language and code")
+		return sandbox.Job{}, "", fmt.Errorf("arguments must be a JSON object with language and code")
 	}
-	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files"}
+	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files", "session_id"}
 	for name := range known {
 		if !slices.Contains(allowed, name) {
-			return sandbox.Job{}, fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
+			return sandbox.Job{}, "", fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
 		}
 	}
 	var args runCodeArgs
@@ -163,38 +170,34 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, error) {
 	if err := dec.Decode(&args); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
-			return sandbox.Job{}, fmt.Errorf("argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
+			return sandbox.Job{}, "", fmt.Errorf("argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return sandbox.Job{}, fmt.Errorf("argument \"files\": unknown field %s; a file has path, content and encoding", field)
+			return sandbox.Job{}, "", fmt.Errorf("argument \"files\": unknown field %s; a file has path, content and encoding", field)
 		}
-		return sandbox.Job{}, fmt.Errorf("arguments: %v", err)
+		return sandbox.Job{}, "", fmt.Errorf("arguments: %v", err)
 	}
 	job := sandbox.Job{Language: args.Language, Code: args.Code, Stdin: []byte(args.Stdin), OutputDir: outputDir}
+	if args.SessionID != "" && h.cfg.Sessions == nil {
+		return sandbox.Job{}, "", fmt.Errorf("argument \"session_id\": this server offers no sessions")
+	}
 	if t := args.TimeoutSeconds; t != nil {
 		d := time.Duration(*t * float64(time.Second))
 		// A timeout too small to count in nanoseconds would read as "none
 		// given" and get the default; refuse it with the rest.
 		if math.IsNaN(*t) || d <= 0 || *t > h.maxTimeout.Seconds() {
-			return sandbox.Job{}, fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
+			return sandbox.Job{}, "", fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
 		}
 		job.Limits.Timeout = d
 	}
 	for i, f := range args.Files {
-		var content []byte
-		switch f.Encoding {
-		case "", "text":
-			content = []byte(f.Content)
-		case "base64":
-			if content, err = base64.StdEncoding.DecodeString(f.Content); err != nil {
-				return sandbox.Job{}, fmt.Errorf("argument \"files\"[%d] (%s): content is not valid base64", i, f.Path)
-			}
-		default:
-			return sandbox.Job{}, fmt.Errorf("argument \"files\"[%d] (%s): encoding %q is not text or base64", i, f.Path, f.Encoding)
+		content, err := decodeContent(f)
+		if err != nil {
+			return sandbox.Job{}, "", fmt.Errorf("argument \"files\"[%d]: %v", i, err)
 		}
 		job.Files = append(job.Files, sandbox.File{Path: f.Path, Data: content})
 	}
-	return job, nil
+	return job, args.SessionID, nil
 }
 
 func jsonType(kind string) string {

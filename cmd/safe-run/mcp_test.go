@@ -24,6 +24,7 @@ import (
 // testServer is a running `safe-run serve` and a client connected to it.
 type testServer struct {
 	client   *client.Client
+	url      string // of the HTTP server
 	stateDir string
 	mu       sync.Mutex
 	progress []map[string]any
@@ -81,8 +82,8 @@ func startServer(t *testing.T, transportName string, extraArgs ...string) *testS
 				t.Error("the HTTP server did not stop within 30s of SIGINT")
 			}
 		})
-		url := waitForURL(t, stderr)
-		c, err = client.NewStreamableHttpClient(url)
+		ts.url = waitForURL(t, stderr)
+		c, err = client.NewStreamableHttpClient(ts.url)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -429,4 +430,104 @@ func waitUntil(t *testing.T, d time.Duration, cond func() bool) {
 		}
 	}
 	t.Fatalf("condition not reached within %v", d)
+}
+
+func (ts *testServer) tool(t *testing.T, name string, args map[string]any) (*mcpgo.CallToolResult, map[string]any) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = name, args
+	res, err := ts.client.CallTool(ctx, req)
+	if err != nil {
+		t.Fatalf("call %s: %v", name, err)
+	}
+	var structured map[string]any
+	data, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(data, &structured)
+	return res, structured
+}
+
+func TestMCPSessions(t *testing.T) {
+	for _, tr := range transports {
+		t.Run(tr, func(t *testing.T) {
+			ts := startServer(t, tr, "--max-sessions", "2")
+			res, info := ts.tool(t, "create_session", map[string]any{"language": "python"})
+			id, _ := info["session_id"].(string)
+			if res.IsError || id == "" {
+				t.Fatalf("create_session: %s", text(res))
+			}
+			run := func(code string) (*mcpgo.CallToolResult, map[string]any) {
+				return ts.tool(t, "run_code", map[string]any{"language": "python", "session_id": id, "code": code, "timeout_seconds": 60})
+			}
+			run("x = 41")
+			if res, out := run("x + 1"); res.IsError || out["stdout"] != "42\n" {
+				t.Errorf("x + 1 in the session: %v %s", out, text(res))
+			}
+			if res, _ := ts.tool(t, "write_file", map[string]any{"session_id": id, "path": "data/sq.csv", "content": "x,y\n1,1\n2,4\n3,9\n"}); res.IsError {
+				t.Fatalf("write_file: %s", text(res))
+			}
+			run("import pandas as pd")
+			res, out := run("import matplotlib.pyplot as plt\ndf = pd.read_csv('data/sq.csv')\ndf.plot(x='x', y='y')\nplt.show()\nint(df.y.sum())")
+			var image bool
+			for _, c := range res.Content {
+				if img, ok := c.(mcpgo.ImageContent); ok && img.MIMEType == "image/png" {
+					image = true
+				}
+			}
+			if res.IsError || out["stdout"] != "14\n" || !image {
+				t.Errorf("plot in the session: image %v, %v, %s", image, out, text(res))
+			}
+			if res, _ := ts.tool(t, "list_files", map[string]any{"session_id": id}); !strings.Contains(text(res), "data/sq.csv") || !strings.Contains(text(res), "out/figure-1.png") {
+				t.Errorf("list_files: %s", text(res))
+			}
+			if res, _ := ts.tool(t, "read_file", map[string]any{"session_id": id, "path": "data/sq.csv"}); res.IsError || !strings.Contains(text(res), "3,9") {
+				t.Errorf("read_file: %s", text(res))
+			}
+			if res, _ := ts.tool(t, "read_file", map[string]any{"session_id": id, "path": "../etc/passwd"}); !res.IsError {
+				t.Errorf("read_file ../etc/passwd: %s", text(res))
+			}
+			// The limit of two sessions holds.
+			ts.tool(t, "create_session", map[string]any{"language": "bash"})
+			if res, _ := ts.tool(t, "create_session", map[string]any{"language": "node"}); !res.IsError || !strings.Contains(text(res), "too many sessions") {
+				t.Errorf("third session: %s", text(res))
+			}
+			if res, _ := ts.tool(t, "close_session", map[string]any{"session_id": id}); res.IsError {
+				t.Errorf("close_session: %s", text(res))
+			}
+			if res, _ := run("x"); !res.IsError || !strings.Contains(text(res), "create_session") {
+				t.Errorf("call on a closed session: %s", text(res))
+			}
+		})
+	}
+}
+
+// TestMCPSessionOutlivesConnection: sessions belong to the server, so a
+// new HTTP connection can use a session made by an earlier one.
+func TestMCPSessionOutlivesConnection(t *testing.T) {
+	ts := startServer(t, "http")
+	_, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
+	id, _ := info["session_id"].(string)
+	ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "cd /tmp; V=kept"})
+	url := ts.url
+	ts.client.Close()
+
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var init mcpgo.InitializeRequest
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "second", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatal(err)
+	}
+	ts.client = c
+	if res, out := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo $PWD $V"}); out["stdout"] != "/tmp kept\n" {
+		t.Errorf("from a new connection: %v %s", out, text(res))
+	}
 }

@@ -55,6 +55,9 @@ var serveEnv = map[string]string{
 	"pids":            "SAFE_RUN_PIDS",
 	"cpus":            "SAFE_RUN_CPUS",
 	"output-limit":    "SAFE_RUN_OUTPUT_LIMIT",
+	"max-sessions":    "SAFE_RUN_MAX_SESSIONS",
+	"session-idle":    "SAFE_RUN_SESSION_IDLE",
+	"session-max-age": "SAFE_RUN_SESSION_MAX_AGE",
 	"log-level":       "SAFE_RUN_LOG_LEVEL",
 }
 
@@ -72,6 +75,7 @@ type serveFlags struct {
 	timeout       time.Duration
 	maxTimeout    time.Duration
 	limits        sandbox.Limits
+	sessions      runtime.SessionConfig
 	logLevel      string
 }
 
@@ -94,6 +98,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.limits.Processes, "pids", f.limits.Processes, "most processes and threads in a run")
 	fs.Float64Var(&f.limits.CPUs, "cpus", f.limits.CPUs, "CPU limit of a run, in cores")
 	fs.Var(sizeFlag{&f.limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each (a `size`)")
+	fs.IntVar(&f.sessions.MaxSessions, "max-sessions", 8, "most live sessions (0 disables sessions)")
+	fs.DurationVar(&f.sessions.IdleTimeout, "session-idle", 10*time.Minute, "end a session unused this long")
+	fs.DurationVar(&f.sessions.MaxLifetime, "session-max-age", time.Hour, "end a session this long after it starts")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
 }
 
@@ -153,7 +160,7 @@ func serve(f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	cfg.Policy, cfg.Logger = policy, logger
+	cfg.Policy, cfg.Logger, cfg.Sessions = policy, logger, f.sessions
 	rt, err := runtime.New(cfg)
 	if err != nil {
 		return err
@@ -161,7 +168,8 @@ func serve(f serveFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer func() {
-		// Cancelled runs clean up after themselves; wait for that.
+		// Cancelled runs clean up after themselves; sessions are closed.
+		rt.CloseSessions()
 		drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := rt.Wait(drain); err != nil {
@@ -172,8 +180,14 @@ func serve(f serveFlags) error {
 	probeStart := time.Now()
 	env := mcp.ProbeEnvironment(ctx, rt, policy)
 	logger.Info("probed the sandbox environment", "ms", time.Since(probeStart).Milliseconds())
+	var sessions sandbox.Sessions
+	if f.sessions.MaxSessions > 0 {
+		sessions = rt
+		env.Sessions = &mcp.SessionLimits{MaxSessions: f.sessions.MaxSessions,
+			IdleTimeoutSeconds: f.sessions.IdleTimeout.Seconds(), MaxLifetimeSeconds: f.sessions.MaxLifetime.Seconds()}
+	}
 	srv := mcp.NewServer(mcp.Config{
-		Runner: rt, Policy: policy, Environment: env,
+		Runner: rt, Sessions: sessions, Policy: policy, Environment: env,
 		Gate:       sandbox.NewGate(f.maxConcurrent, f.maxQueue),
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
 	})
