@@ -134,13 +134,21 @@ func describeTool(env Environment, maxTimeout time.Duration) string {
 	return fmt.Sprintf(`Run a program in a fresh, isolated sandbox (gVisor) and return its output.
 
 Languages: %s.
-Without session_id each call starts from scratch: no variables, files or processes survive from earlier calls; with a session_id from create_session, the session's interpreter keeps its state. There is no network: nothing can be downloaded or installed, so use only what is listed above.
+%s There is no network: nothing can be downloaded or installed, so use only what is listed above.
 The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
 To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). Images (PNG, JPEG, GIF, SVG) come back as images, other files as resources; at most %d files, %s each.
 Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
 Print results to stdout. A non-zero exit, an uncaught exception or a hit limit is reported as an error with the end of stderr.`,
-		env.describeLanguages(), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
+		env.describeLanguages(), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
 		d.TimeoutSeconds, maxTimeout.Seconds(), sandbox.FormatBytes(d.MemoryBytes), d.Processes, sandbox.FormatBytes(d.OutputBytes))
+}
+
+func statefulness(env Environment) string {
+	const fresh = "Each call starts from scratch: no variables, files or processes survive from earlier calls"
+	if env.Sessions == nil {
+		return fresh + "."
+	}
+	return fresh + ", unless it passes a session_id from create_session: a session's interpreter keeps its state between calls."
 }
 
 // argumentNames maps job fields of sandbox.InputError to tool arguments.
