@@ -138,6 +138,10 @@ func TestSessionsAreSeparate(t *testing.T) {
 	if strings.Contains(res.Stdout, "mine") || !strings.HasSuffix(res.Stdout, "0\n") {
 		t.Errorf("session b sees session a: %q", res.Stdout)
 	}
+	// Positive control: the same probe in session a finds its own sleep.
+	if res := cell(t, rt, a, "cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' ' | grep -c 'sleep [3]00' || true"); res.Stdout != "1\n" {
+		t.Errorf("the probe does not see session a's own process: %q", res.Stdout)
+	}
 }
 
 func TestSessionLimitAndExpiry(t *testing.T) {
