@@ -543,3 +543,52 @@ func TestMCPSessionOutlivesConnection(t *testing.T) {
 		t.Errorf("from a new connection: %v %s", out, text(res))
 	}
 }
+
+func TestMCPSessionStateInEachLanguage(t *testing.T) {
+	ts := startServer(t, "stdio")
+	for _, tc := range []struct {
+		lang  string
+		cells []string
+		last  string
+	}{
+		{"node", []string{"let n = 41", "const m = await Promise.resolve(n + 1)"}, "m"},
+		{"bash", []string{"cd /tmp; N=42; show() { echo $N; }"}, "show"},
+		{"python", []string{"x = 42", "while True: pass"}, "x"}, // the loop times out; x survives
+	} {
+		_, info := ts.tool(t, "create_session", map[string]any{"language": tc.lang, "timeout_seconds": 2})
+		id, _ := info["session_id"].(string)
+		for _, c := range tc.cells {
+			ts.tool(t, "run_code", map[string]any{"language": tc.lang, "session_id": id, "code": c})
+		}
+		if res, out := ts.tool(t, "run_code", map[string]any{"language": tc.lang, "session_id": id, "code": tc.last}); out["stdout"] != "42\n" {
+			t.Errorf("%s: %v %s", tc.lang, out, text(res))
+		}
+	}
+}
+
+func TestMCPSessionLimitsAndExpiry(t *testing.T) {
+	ts := startServer(t, "stdio", "--session-idle", "3s")
+	var first string
+	for i := range 8 {
+		res, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
+		if res.IsError {
+			t.Fatalf("session %d: %s", i+1, text(res))
+		}
+		if i == 0 {
+			first, _ = info["session_id"].(string)
+		}
+	}
+	if res, _ := ts.tool(t, "create_session", map[string]any{"language": "bash"}); !res.IsError || !strings.Contains(text(res), "too many sessions") || !strings.Contains(text(res), "8") {
+		t.Errorf("ninth session: %s", text(res))
+	}
+	// Unused, they expire, and their sandboxes go with them.
+	waitUntil(t, 60*time.Second, func() bool {
+		return len(sandboxProcesses(ts.stateDir)) == 0 && len(stateEntries(ts.stateDir)) == 0
+	})
+	if res, _ := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": first, "code": "true"}); !res.IsError || !strings.Contains(text(res), "create_session") {
+		t.Errorf("expired session: %s", text(res))
+	}
+	if res, _ := ts.tool(t, "list_sessions", map[string]any{}); !strings.Contains(text(res), "no live sessions") {
+		t.Errorf("list_sessions after expiry: %s", text(res))
+	}
+}
