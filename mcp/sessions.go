@@ -187,15 +187,13 @@ func (h *handler) createSession(ctx context.Context, args map[string]json.RawMes
 	}
 	spec := sandbox.SessionSpec{Language: lang}
 	if raw, ok := args["timeout_seconds"]; ok {
-		var t float64
-		d := time.Duration(0)
-		if json.Unmarshal(raw, &t) == nil {
-			d = time.Duration(t * float64(time.Second))
+		var seconds float64
+		if err := json.Unmarshal(raw, &seconds); err != nil {
+			return mcpgo.NewToolResultError(`Invalid arguments: argument "timeout_seconds" must be a number`), nil
 		}
-		if d <= 0 || d > h.maxTimeout {
-			return mcpgo.NewToolResultError(fmt.Sprintf("Invalid arguments: argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())), nil
+		if spec.Limits.Timeout, err = h.timeout(seconds); err != nil {
+			return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
 		}
-		spec.Limits.Timeout = d
 	}
 	info, err := h.cfg.Sessions.CreateSession(ctx, spec)
 	if err != nil {

@@ -190,11 +190,9 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 		return sandbox.Job{}, "", fmt.Errorf("argument \"session_id\": this server offers no sessions")
 	}
 	if t := args.TimeoutSeconds; t != nil {
-		d := time.Duration(*t * float64(time.Second))
-		// A timeout too small to count in nanoseconds would read as "none
-		// given" and get the default; refuse it with the rest.
-		if math.IsNaN(*t) || d <= 0 || *t > h.maxTimeout.Seconds() {
-			return sandbox.Job{}, "", fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
+		d, err := h.timeout(*t)
+		if err != nil {
+			return sandbox.Job{}, "", err
 		}
 		job.Limits.Timeout = d
 	}
@@ -206,6 +204,17 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 		job.Files = append(job.Files, sandbox.File{Path: f.Path, Data: content})
 	}
 	return job, args.SessionID, nil
+}
+
+// timeout checks a timeout_seconds argument.
+func (h *handler) timeout(seconds float64) (time.Duration, error) {
+	d := time.Duration(seconds * float64(time.Second))
+	// A timeout too small to count in nanoseconds would read as "none
+	// given" and get the default; refuse it with the rest.
+	if math.IsNaN(seconds) || d <= 0 || seconds > h.maxTimeout.Seconds() {
+		return 0, fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
+	}
+	return d, nil
 }
 
 func jsonType(kind string) string {
