@@ -128,12 +128,11 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 	p.mark("runsc_started")
 	p.stdin = stdinW
 	go func() {
-		err := p.cmd.Wait()
+		_ = p.cmd.Wait() // the status is in ProcessState; -1 if killed
 		p.runscStatus = -1
 		if p.cmd.ProcessState != nil {
 			p.runscStatus = p.cmd.ProcessState.ExitCode()
 		}
-		_ = err
 		close(p.exited)
 	}()
 	go p.readEvents(stdoutR)
@@ -235,7 +234,6 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 type ending struct {
 	timedOut  bool // the host's deadline passed and the sandbox was killed
 	cancelled bool // the caller's context ended and the sandbox was killed
-	died      bool // the sandbox ended on its own (for example out of memory)
 	err       error
 }
 
@@ -244,12 +242,13 @@ type ending struct {
 // ctx ends first, the sandbox is killed.
 func (p *sandboxProc) request(ctx context.Context, req agent.Request, budget int64, deadline time.Duration, stdout, stderr *stream) (*agent.Exit, ending) {
 	p.budget.reset(budget)
-	sent := make(chan error, 1)
 	go func() {
 		// The pipe holds 64 KiB; larger requests wait for the agent to read.
+		// If the agent is gone, the write fails and the end of its event
+		// stream tells what happened.
 		p.sendMu.Lock()
 		defer p.sendMu.Unlock()
-		sent <- json.NewEncoder(p.stdin).Encode(req)
+		_ = json.NewEncoder(p.stdin).Encode(req)
 	}()
 	timer := time.NewTimer(deadline)
 	defer timer.Stop()
@@ -262,17 +261,13 @@ func (p *sandboxProc) request(ctx context.Context, req agent.Request, budget int
 				case <-p.exited:
 				case <-time.After(5 * time.Second):
 				}
-				return nil, ending{died: true, err: p.eventsErr}
+				return nil, ending{err: p.eventsErr}
 			case ev.Output != nil && ev.Output.Stream == agent.Stdout && stdout != nil:
 				stdout.write(ev.Output.Data)
 			case ev.Output != nil && ev.Output.Stream == agent.Stderr && stderr != nil:
 				stderr.write(ev.Output.Data)
 			case ev.Exit != nil:
 				return ev.Exit, ending{}
-			}
-		case err := <-sent:
-			if err != nil && !p.alive() {
-				continue // the stream's end will say what happened
 			}
 		case <-timer.C:
 			p.kill()
@@ -281,15 +276,6 @@ func (p *sandboxProc) request(ctx context.Context, req agent.Request, budget int
 			p.kill()
 			return nil, ending{cancelled: true}
 		}
-	}
-}
-
-func (p *sandboxProc) alive() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
 	}
 }
 

@@ -206,8 +206,8 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 	}
 	stdout, stderr := newStreams(job)
 	// The agent interrupts the cell at its timeout and kills the
-	// interpreter interruptGrace later; the host waits a little longer.
-	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+agentInterruptGrace+killGrace+time.Second, stdout, stderr)
+	// interpreter agent.InterruptGrace later; the host waits a little longer.
+	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+agent.InterruptGrace+killGrace+time.Second, stdout, stderr)
 	res = finishStreams(res, exit, stdout, stderr)
 	res.Files = rt.outputFiles(job, exit)
 	lost := s.stateLost
@@ -244,9 +244,6 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 	}
 	return res
 }
-
-// agentInterruptGrace mirrors the agent's interruptGrace.
-const agentInterruptGrace = 2 * time.Second
 
 // WriteFiles writes files into the session's workspace.
 func (rt *Runtime) WriteFiles(ctx context.Context, id string, files []sandbox.File) error {
