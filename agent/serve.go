@@ -137,29 +137,11 @@ func (s *server) run(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	argv0, err := lookPath(req.Argv[0])
-	if err != nil {
-		closeAll(outR, outW, errR, errW, inR, inW)
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-
 	start := time.Now()
-	s.reaper.mu.Lock() // hold reaping until the pid is registered
-	proc, err := os.StartProcess(argv0, req.Argv, &os.ProcAttr{
-		Dir:   s.cfg.Workdir,
-		Env:   append(os.Environ(), req.Env...),
-		Files: []*os.File{inR, outW, errW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
-	})
-	var done <-chan unix.WaitStatus
-	if err == nil {
-		done = s.reaper.expectLocked(proc.Pid)
-	}
-	s.reaper.mu.Unlock()
-	closeAll(inR, outW, errW)
+	pid, done, err := s.startProgram(req.Argv, req.Env, []*os.File{inR, outW, errW})
 	if err != nil {
 		closeAll(outR, errR, inW)
-		return &Exit{Code: -1, Error: fmt.Sprintf("start %s: %v", req.Argv[0], err)}
+		return &Exit{Code: -1, Error: err.Error()}
 	}
 
 	go func() {
@@ -182,13 +164,12 @@ func (s *server) run(req *Request) *Exit {
 		timer.Stop()
 	case <-timer.C:
 		exit.TimedOut = true
-		s.killRun(proc.Pid)
+		s.killRun(pid)
 		ws = <-done
 	}
 	exit.Duration = time.Since(start)
 	// Whatever the program left running goes now, or its pipes never close.
-	s.killRun(proc.Pid)
-	_ = proc.Release() // after the last use of proc.Pid, which Release resets
+	s.killRun(pid)
 	waitOrClose(&readers, 200*time.Millisecond, outR, errR)
 
 	switch {
@@ -206,14 +187,41 @@ func (s *server) run(req *Request) *Exit {
 	return exit
 }
 
+// startProgram starts argv (argv[0] looked up in PATH) in the workspace,
+// in a process group of its own and as the programs' user, with files as
+// its descriptors 0, 1, 2, ...; it closes them in the agent. The reaper
+// reports the program's end on done.
+func (s *server) startProgram(argv, env []string, files []*os.File) (pid int, done <-chan unix.WaitStatus, err error) {
+	defer closeAll(files...)
+	path, err := lookPath(argv[0])
+	if err != nil {
+		return 0, nil, err
+	}
+	s.reaper.mu.Lock() // hold reaping until the pid is registered
+	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
+		Dir:   s.cfg.Workdir,
+		Env:   append(os.Environ(), env...),
+		Files: files,
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
+	})
+	if err != nil {
+		s.reaper.mu.Unlock()
+		return 0, nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	done = s.reaper.expectLocked(proc.Pid)
+	s.reaper.mu.Unlock()
+	pid = proc.Pid
+	_ = proc.Release()
+	return pid, done, nil
+}
+
 // killRun kills the program's process group and, in one-shot mode, every
-// process in the sandbox but the agent, since programs can leave their group.
-// That last step happens only when the agent is the sandbox's init (pid 1):
-// anywhere else kill(-1) would reach the host's processes.
+// process in the sandbox but the agent (see killStrays), since programs can
+// leave their group.
 func (s *server) killRun(pid int) {
 	_ = unix.Kill(-pid, unix.SIGKILL)
-	if s.cfg.OneShot && os.Getpid() == 1 {
-		_ = unix.Kill(-1, unix.SIGKILL)
+	if s.cfg.OneShot {
+		s.killStrays()
 	}
 }
 

@@ -14,7 +14,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -47,9 +46,9 @@ func driverArgv(kind string) ([]string, error) {
 	return nil, fmt.Errorf("no persistent interpreter for %q; use one of %s", kind, strings.Join(Interpreters, ", "))
 }
 
-// interruptGrace is how long a cell that passed its timeout gets to stop
+// InterruptGrace is how long a cell that passed its timeout gets to stop
 // after SIGINT before the interpreter, and its state, are killed.
-const interruptGrace = 2 * time.Second
+const InterruptGrace = 2 * time.Second
 
 // interpreter is a running driver.
 type interpreter struct {
@@ -75,10 +74,6 @@ func (s *server) startInterpreter(kind string) (*interpreter, error) {
 	if err != nil {
 		return nil, err
 	}
-	path, err := lookPath(argv[0])
-	if err != nil {
-		return nil, err
-	}
 	nonce := make([]byte, 16)
 	_, _ = rand.Read(nonce)
 	// Control characters and a random part: no program prints it by chance.
@@ -92,28 +87,15 @@ func (s *server) startInterpreter(kind string) (*interpreter, error) {
 	errR, errW, _ := os.Pipe()
 	cmdR, cmdW, _ := os.Pipe()
 	statR, statW, _ := os.Pipe()
-	s.reaper.mu.Lock()
-	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
-		Dir:   s.cfg.Workdir,
-		Env:   append(os.Environ(), "SAFE_RUN_MARKER="+marker),
-		Files: []*os.File{devnull, outW, errW, cmdR, statW},
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
-	})
-	var done <-chan unix.WaitStatus
-	if err == nil {
-		done = s.reaper.expectLocked(proc.Pid)
-	}
-	s.reaper.mu.Unlock()
-	closeAll(devnull, outW, errW, cmdR, statW)
+	pid, done, err := s.startProgram(argv, []string{"SAFE_RUN_MARKER=" + marker}, []*os.File{devnull, outW, errW, cmdR, statW})
 	if err != nil {
 		closeAll(outR, errR, cmdW, statR)
 		return nil, fmt.Errorf("start the %s interpreter: %w", kind, err)
 	}
 	it := &interpreter{
-		kind: kind, pid: proc.Pid, marker: []byte(marker), commands: cmdW, done: done,
+		kind: kind, pid: pid, marker: []byte(marker), commands: cmdW, done: done,
 		stdout: chunks(outR), stderr: chunks(errR),
 	}
-	_ = proc.Release()
 	statuses := make(chan string, 1)
 	go func() {
 		defer close(statuses)
@@ -254,7 +236,7 @@ func (s *server) eval(req *Request) *Exit {
 				// throws, and the session's state survives.
 				interrupted = true
 				_ = unix.Kill(it.pid, unix.SIGINT)
-				deadline.Reset(interruptGrace)
+				deadline.Reset(InterruptGrace)
 				continue
 			}
 			s.stopInterpreter()
