@@ -9,7 +9,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,20 +87,21 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		return mcpgo.NewToolResultError(inputErrorText(err)), nil
 	}
 
-	var state atomic.Value // what the call is doing, for progress messages
-	state.Store("waiting for a free sandbox")
+	// state says what the call is doing, for progress messages.
+	var state atomic.Pointer[func() string]
+	setState := func(f func() string) { state.Store(&f) }
+	setState(func() string { return "waiting for a free sandbox" })
 	stop := make(chan struct{})
-	var reporters sync.WaitGroup
-	defer reporters.Wait() // no progress notification may follow the result
-	defer close(stop)
-	reporters.Add(1)
+	reported := make(chan struct{})
+	defer func() { close(stop); <-reported }() // no progress notification may follow the result
 	go func() {
-		defer reporters.Done()
-		reportProgress(ctx, req, func() string { return state.Load().(string) }, stop)
+		defer close(reported)
+		reportProgress(ctx, req, func() string { return (*state.Load())() }, stop)
 	}()
 
 	leave, err := h.cfg.Gate.Enter(ctx, func(ahead int) {
-		state.Store(fmt.Sprintf("waiting for a free sandbox: %d call(s) ahead", ahead))
+		msg := fmt.Sprintf("waiting for a free sandbox: %d call(s) ahead", ahead)
+		setState(func() string { return msg })
 	})
 	if err != nil {
 		return mcpgo.NewToolResultError(err.Error()), nil
@@ -113,21 +113,9 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		def, _, _ := h.cfg.Policy.Limits()
 		timeout = def.Timeout
 	}
-	state.Store("running")
-	reporters.Add(1)
-	go func() {
-		defer reporters.Done()
-		tick := time.NewTicker(progressInterval)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				state.Store(fmt.Sprintf("running: %ds of at most %s", int(time.Since(started).Seconds()), timeout))
-			}
-		}
-	}()
+	setState(func() string {
+		return fmt.Sprintf("running: %ds of at most %s", int(time.Since(started).Seconds()), timeout)
+	})
 
 	var res sandbox.Result
 	if sessionID != "" {
