@@ -34,15 +34,23 @@ const (
 	OpRead = "read"
 	// OpList lists the workspace below Path in Exit.Files, without data.
 	OpList = "list"
+	// OpWarm starts the persistent interpreter of kind Interpreter ahead of
+	// its run, with the modules of Preload imported; the next OpRun hands
+	// its Argv to that interpreter instead of starting a new process. It
+	// does not count as the one request of a one-shot agent.
+	OpWarm = "warm"
 )
 
 // Request asks the agent to do one thing, by default run one program.
 type Request struct {
 	// Op is one of the Op constants.
 	Op string `json:"op,omitempty"`
-	// Code and Interpreter are the cell and the interpreter kind of OpEval.
+	// Code and Interpreter are the cell and the interpreter kind of OpEval;
+	// Interpreter is also the kind OpWarm starts.
 	Code        string `json:"code,omitempty"`
 	Interpreter string `json:"interpreter,omitempty"`
+	// Preload names the modules OpWarm imports before the run is known.
+	Preload []string `json:"preload,omitempty"`
 	// Path is the file of OpRead or the directory of OpList, relative to
 	// the workspace.
 	Path string `json:"path,omitempty"`

@@ -54,7 +54,7 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 		if err := s.send(Event{Exit: exit}); err != nil {
 			return err
 		}
-		if cfg.OneShot {
+		if cfg.OneShot && req.Op != OpWarm {
 			return nil
 		}
 	}
@@ -66,6 +66,7 @@ type server struct {
 	enc    *json.Encoder
 	reaper *reaper
 	interp *interpreter         // the session's interpreter, once started
+	warmed *warmProgram         // the interpreter OpWarm started, until OpRun takes it
 	seen   map[string]fileStamp // output files returned so far in this session
 }
 
@@ -96,6 +97,8 @@ func (s *server) handle(req *Request) *Exit {
 			return &Exit{Code: 1, Error: err.Error()}
 		}
 		return &Exit{}
+	case OpWarm:
+		return s.warm(req)
 	case OpRead:
 		return readFile(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxBytes)
 	case OpList:
@@ -125,22 +128,9 @@ func (s *server) run(req *Request) *Exit {
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: argv and a positive timeout are required"}
 	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-	errR, errW, err := os.Pipe()
-	if err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-	inR, inW, err := os.Pipe()
-	if err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
-	}
 	start := time.Now()
-	pid, done, err := s.startProgram(req.Argv, req.Env, []*os.File{inR, outW, errW})
+	pid, done, inW, outR, errR, err := s.launch(req.Argv, req.Env)
 	if err != nil {
-		closeAll(outR, errR, inW)
 		return &Exit{Code: -1, Error: err.Error()}
 	}
 
@@ -185,6 +175,35 @@ func (s *server) run(req *Request) *Exit {
 		exit.Files = collect(s.cfg.Workdir, req.Collect)
 	}
 	return exit
+}
+
+// launch starts the request's program, or hands its argv to the warm
+// interpreter if there is one, and returns the host ends of its stdio.
+func (s *server) launch(argv, env []string) (pid int, done <-chan unix.WaitStatus, stdin, stdout, stderr *os.File, err error) {
+	if s.warmed != nil {
+		pid, done, stdin, stdout, stderr = s.launchWarm(argv)
+		return pid, done, stdin, stdout, stderr, nil
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return 0, nil, nil, nil, nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		closeAll(outR, outW)
+		return 0, nil, nil, nil, nil, err
+	}
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		closeAll(outR, outW, errR, errW)
+		return 0, nil, nil, nil, nil, err
+	}
+	pid, done, err = s.startProgram(argv, env, []*os.File{inR, outW, errW})
+	if err != nil {
+		closeAll(outR, errR, inW)
+		return 0, nil, nil, nil, nil, err
+	}
+	return pid, done, inW, outR, errR, nil
 }
 
 // startProgram starts argv (argv[0] looked up in PATH) in the workspace,
