@@ -36,8 +36,7 @@ const (
 	OpList = "list"
 	// OpWarm starts the persistent interpreter of kind Interpreter ahead of
 	// its run, with the modules of Preload imported; the next OpRun hands
-	// its Argv to that interpreter instead of starting a new process. It
-	// does not count as the one request of a one-shot agent.
+	// its Argv to that interpreter instead of starting a new process.
 	OpWarm = "warm"
 )
 

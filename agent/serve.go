@@ -23,7 +23,9 @@ import (
 type Config struct {
 	// Workdir is where files are written and programs run.
 	Workdir string
-	// OneShot makes Serve return after one request. At the end of that run
+	// OneShot makes Serve return after the first request that runs a
+	// program; requests that only prepare the sandbox (OpWarm, OpWrite)
+	// come before it. At the end of that run
 	// every other process in the sandbox is killed, so nothing the program
 	// started outlives it.
 	OneShot bool
@@ -34,7 +36,7 @@ type Config struct {
 }
 
 // Serve answers requests read from r with events written to w until r ends
-// (or after one request in one-shot mode). It must run as the sandbox's
+// (or after its run in one-shot mode). It must run as the sandbox's
 // first process: it reaps orphaned processes, as init does.
 func Serve(r io.Reader, w io.Writer, cfg Config) error {
 	s := &server{cfg: cfg, enc: json.NewEncoder(w), reaper: sharedReaper()}
@@ -54,7 +56,7 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 		if err := s.send(Event{Exit: exit}); err != nil {
 			return err
 		}
-		if cfg.OneShot && req.Op != OpWarm {
+		if cfg.OneShot && req.Op == OpRun {
 			return nil
 		}
 	}

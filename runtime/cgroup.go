@@ -228,6 +228,15 @@ func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 // Descendants go first, so that their parent (runsc, alive until then)
 // reaps them at once: orphans are reaped by the host's init, which may take
 // seconds, and until then they keep the cgroup from being removed.
+// memoryUsage reads the memory the cgroup's processes use now.
+func (c *runCgroup) memoryUsage() (int64, error) {
+	st, err := c.mgr.GetStats()
+	if err != nil {
+		return 0, fmt.Errorf("read memory usage: %w", err)
+	}
+	return int64(st.MemoryStats.Usage.Usage), nil
+}
+
 func (c *runCgroup) killAll(d time.Duration) {
 	if c.mgr == nil {
 		return

@@ -28,6 +28,13 @@ func TestMain(m *testing.M) {
 // with a state directory of its own that must be empty when the test ends.
 func newTestRuntime(t *testing.T, policy sandbox.Policy) *Runtime {
 	t.Helper()
+	return newTestRuntimeWith(t, func(cfg *Config) { cfg.Policy = policy })
+}
+
+// newTestRuntimeWith is newTestRuntime with a configuration that configure
+// completes.
+func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
+	t.Helper()
 	integration := os.Getenv("SAFE_RUN_INTEGRATION") == "1"
 	missing := func(format string, args ...any) {
 		t.Helper()
@@ -48,11 +55,13 @@ func newTestRuntime(t *testing.T, policy sandbox.Policy) *Runtime {
 		missing("%v", err)
 	}
 	stateDir := filepath.Join(t.TempDir(), "state")
-	rt, err := New(Config{Runsc: runsc, Agent: agentPath, Rootfs: img.Root, StateDir: stateDir, Policy: policy})
+	cfg := Config{Runsc: runsc, Agent: agentPath, Rootfs: img.Root, StateDir: stateDir}
+	configure(&cfg)
+	rt, err := New(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	t.Cleanup(func() { assertNothingLeft(t, rt, nil) })
+	t.Cleanup(func() { rt.Close(); assertNothingLeft(t, rt, nil) })
 	return rt
 }
 

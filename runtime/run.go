@@ -22,10 +22,26 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 	}
 	start := time.Now()
 	res := sandbox.Result{ExitCode: -1}
-	p, err := rt.startSandbox(job, true)
-	if err != nil {
+	p := rt.pool.take(job)
+	pooled := p != nil
+	if !pooled {
+		p, err = rt.startSandbox(job, true, "")
+	}
+	switch {
+	case err != nil:
 		res = rt.sandboxError(res, err)
-	} else {
+	case pooled:
+		res.SandboxID = p.id
+		res = rt.runOnce(ctx, p, job, lang, res)
+		// The result is complete: the caller need not wait for the
+		// sandbox's removal, which Wait still accounts for.
+		go func() {
+			if err := p.destroy(); err != nil {
+				rt.log.Error("clean up pooled sandbox", "id", p.id, "err", err)
+			}
+		}()
+		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status, "pooled", true)
+	default:
 		res.SandboxID = p.id
 		res = rt.runOnce(ctx, p, job, lang, res)
 		if err := p.destroy(); err != nil {
@@ -43,17 +59,23 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
 func (rt *Runtime) runOnce(ctx context.Context, p *sandboxProc, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
-	if err := p.awaitReady(ctx); err != nil {
-		if ctx.Err() != nil {
-			return outcome(res, job, nil, ending{cancelled: true}, 0)
+	if !p.ready {
+		if err := p.awaitReady(ctx); err != nil {
+			if ctx.Err() != nil {
+				return outcome(res, job, nil, ending{cancelled: true}, 0)
+			}
+			return rt.sandboxError(res, err)
 		}
-		return rt.sandboxError(res, err)
 	}
 	req := rt.request(job, lang)
 	stdout, stderr := newStreams(job)
 	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
-	<-p.exited // a one-shot agent exits after its report
-	p.mark("runsc_exited")
+	if exit == nil {
+		// Whatever ended the sandbox, its cgroup has the last word only
+		// once runsc is gone.
+		<-p.exited
+		p.mark("runsc_exited")
+	}
 	oomKills, peak := p.usage()
 	res.MemoryPeakBytes = peak
 	res = finishStreams(res, exit, stdout, stderr)

@@ -49,6 +49,8 @@ type Config struct {
 	DebugLogDir string
 	// Sessions bounds sessions (see CreateSession).
 	Sessions SessionConfig
+	// Pool keeps sandboxes warm for one-shot runs; the zero value has none.
+	Pool PoolConfig
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 }
@@ -75,6 +77,8 @@ type Runtime struct {
 
 	sessionsOnce sync.Once
 	sessions     *sessionTable
+
+	pool *pool // nil without one
 }
 
 var _ sandbox.Runner = (*Runtime)(nil)
@@ -132,8 +136,23 @@ func New(cfg Config) (*Runtime, error) {
 	if err != nil {
 		rt.log.Error("remove stale sandboxes", "err", err)
 	}
+	if len(cfg.Pool.Size) > 0 {
+		if rt.pool, err = newPool(rt, cfg.Pool); err != nil {
+			return nil, err
+		}
+	}
 	return rt, nil
 }
+
+// Close destroys the warm pool's sandboxes and closes every session. Runs
+// in progress go on; Wait waits for them.
+func (rt *Runtime) Close() {
+	rt.pool.close()
+	rt.CloseSessions()
+}
+
+// PoolSizes returns how many warm sandboxes are ready, per pooled language.
+func (rt *Runtime) PoolSizes() map[string]int { return rt.pool.sizes() }
 
 // cgroupRetry bounds how long the removal of a cgroup is retried.
 const cgroupRetry = 2 * time.Minute

@@ -43,6 +43,9 @@ type sandboxProc struct {
 	eventsErr error
 	budget    eventBudget
 
+	restore string // the checkpoint image the sandbox starts from, if any
+	ready   bool   // the agent has answered: Ready, or a request after a restore
+
 	exited      chan struct{} // closed when runsc has exited
 	runscStatus int           // its exit status, -1 if killed; read after exited closes
 
@@ -59,11 +62,12 @@ func (p *sandboxProc) bundleDir() string { return filepath.Join(p.dir, "bundle")
 func (p *sandboxProc) runscRoot() string { return filepath.Join(p.dir, "runsc") }
 
 // startSandbox writes the bundle for job, creates the cgroup and starts
-// runsc inside it. The sandbox serves one request if oneShot, else many.
-// On error nothing is left behind.
-func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool) (*sandboxProc, error) {
+// runsc inside it: a new sandbox, or, if restore names a checkpoint image,
+// the sandbox saved there. The sandbox serves one request if oneShot, else
+// many. On error nothing is left behind.
+func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (*sandboxProc, error) {
 	p := &sandboxProc{
-		rt: rt, id: "safe-run-" + uuid.NewString(), start: time.Now(),
+		rt: rt, id: "safe-run-" + uuid.NewString(), start: time.Now(), restore: restore,
 		events: make(chan agent.Event, 64), exited: make(chan struct{}),
 	}
 	p.dir = filepath.Join(rt.cfg.StateDir, p.id)
@@ -155,6 +159,9 @@ func (p *sandboxProc) shimArgs() []string {
 	if d := p.rt.cfg.DebugLogDir; d != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Join(d, p.id)+"/")
 	}
+	if p.restore != "" {
+		return append(args, "restore", "--image-path", p.restore, "--bundle", p.bundleDir(), p.id)
+	}
 	return append(args, "run", "--bundle", p.bundleDir(), p.id)
 }
 
@@ -218,6 +225,7 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 				return fmt.Errorf("%w (runsc exit status %d%s)", errNotStarted, p.runscStatus, p.runscLogTail())
 			case ev.Ready != nil:
 				p.mark("agent_ready")
+				p.ready = true
 				return nil
 			}
 		case <-timer.C:
@@ -267,6 +275,7 @@ func (p *sandboxProc) request(ctx context.Context, req agent.Request, budget int
 			case ev.Output != nil && ev.Output.Stream == agent.Stderr && stderr != nil:
 				stderr.write(ev.Output.Data)
 			case ev.Exit != nil:
+				p.ready = true
 				return ev.Exit, ending{}
 			}
 		case <-timer.C:

@@ -108,7 +108,7 @@ func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) 
 }
 
 func (rt *Runtime) startSessionSandbox(ctx context.Context, s *session) error {
-	p, err := rt.startSandbox(sandbox.Job{Language: s.lang.Name, Limits: s.limits}, false)
+	p, err := rt.startSandbox(sandbox.Job{Language: s.lang.Name, Limits: s.limits}, false, "")
 	if err != nil {
 		return fmt.Errorf("start the session's sandbox: %w", err)
 	}

@@ -207,7 +207,7 @@ func TestCloseSessionLeavesNothing(t *testing.T) {
 // that a new Runtime removes it.
 func TestReapStale(t *testing.T) {
 	rt := newTestRuntime(t, sandbox.Policy{})
-	p, err := rt.startSandbox(sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, false)
+	p, err := rt.startSandbox(sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, false, "")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -63,6 +63,23 @@ def exit_code(e):
     return 1
 
 
+def reseed():
+    # A pooled sandbox may be one of many restored from one checkpoint:
+    # the generators the preloads seeded would repeat in each of them.
+    r = sys.modules.get("random")
+    if r is not None:
+        r.seed()
+    np = sys.modules.get("numpy")
+    if np is not None:
+        try:
+            np.random.seed()
+        except BaseException:
+            pass
+    tf = sys.modules.get("tempfile")
+    if tf is not None:
+        tf._name_sequence = None
+
+
 def run(argv):
     import atexit
     import builtins
@@ -109,4 +126,6 @@ def run(argv):
 preload([m for m in os.environ.pop("SAFE_RUN_PRELOAD", "").split(",") if m])
 with os.fdopen(4, "w") as status:
     status.write("ready\n")
-run(read_argv())
+argv = read_argv()
+reseed()
+run(argv)

@@ -1,0 +1,179 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// newPoolRuntime returns a test Runtime with a pool of one sandbox for each
+// of langs, restored from checkpoints in a directory of the test's own.
+func newPoolRuntime(t *testing.T, langs ...string) *Runtime {
+	t.Helper()
+	sizes := map[string]int{}
+	for _, l := range langs {
+		sizes[l] = 1
+	}
+	ckpt := filepath.Join(t.TempDir(), "checkpoints")
+	return newTestRuntimeWith(t, func(cfg *Config) {
+		cfg.Pool = PoolConfig{Size: sizes, CheckpointDir: ckpt}
+	})
+}
+
+// waitPooled waits until lang's pool holds a ready sandbox and returns its
+// ID, which the next run of lang must report.
+func waitPooled(t *testing.T, rt *Runtime, lang string) string {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Minute) // a first checkpoint build included, on a loaded host
+	for time.Now().Before(deadline) {
+		rt.pool.mu.Lock()
+		ready := rt.pool.langs[lang].ready
+		var id string
+		if len(ready) > 0 {
+			id = ready[0].id
+		}
+		rt.pool.mu.Unlock()
+		if id != "" {
+			return id
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("the %s pool did not fill within 3 minutes", lang)
+	return ""
+}
+
+// TestPoolNeverReuses leaves files, a variable, a running process and
+// shared memory behind in one pooled run, and checks that the next pooled
+// run sees none of it.
+func TestPoolNeverReuses(t *testing.T) {
+	rt := newPoolRuntime(t, "python")
+	first := `import builtins, os, subprocess
+open("/workspace/left.txt", "w").write("x")
+open("/tmp/left.txt", "w").write("x")
+open("/dev/shm/left", "w").write("x")
+builtins.LEFT_BEHIND = 1
+subprocess.Popen(["sleep", "600"], start_new_session=True)
+print("left things behind")`
+	second := `import builtins, os
+found = [p for p in ("/workspace/left.txt", "/tmp/left.txt", "/dev/shm/left") if os.path.exists(p)]
+if hasattr(builtins, "LEFT_BEHIND"):
+    found.append("variable")
+for pid in os.listdir("/proc"):
+    if pid.isdigit():
+        try:
+            if open("/proc/%s/cmdline" % pid).read().startswith("sleep"):
+                found.append("process " + pid)
+        except OSError:
+            pass
+print("found:", found)`
+	var ids []string
+	for i, code := range []string{first, second} {
+		pooled := waitPooled(t, rt, "python")
+		res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code})
+		wantStatus(t, res, sandbox.StatusOK)
+		if res.SandboxID != pooled {
+			t.Fatalf("run %d ran in %s, not in the pooled sandbox %s", i, res.SandboxID, pooled)
+		}
+		ids = append(ids, res.SandboxID)
+		if i == 1 && strings.TrimSpace(res.Stdout) != "found: []" {
+			t.Errorf("the second pooled run saw what the first left: %s", res.Stdout)
+		}
+	}
+	if ids[0] == ids[1] {
+		t.Errorf("both runs used sandbox %s", ids[0])
+	}
+	rt.Close()
+	assertNothingLeft(t, rt, ids)
+}
+
+// TestPoolRefillsFromCheckpoint checks that the pool refills after each
+// run, that refills after the first are restored from the checkpoint
+// image, and that restored sandboxes do not share random numbers.
+func TestPoolRefillsFromCheckpoint(t *testing.T) {
+	rt := newPoolRuntime(t, "python")
+	code := "import random, numpy as np, tempfile, os\nprint(random.random(), np.random.rand(), os.path.basename(tempfile.mktemp()))"
+	seen := map[string]bool{}
+	for i := range 3 {
+		waitPooled(t, rt, "python")
+		rt.pool.mu.Lock()
+		restored := rt.pool.langs["python"].ready[0].restore != ""
+		rt.pool.mu.Unlock()
+		if i > 0 && !restored {
+			t.Errorf("refill %d was a cold start, not a restore", i)
+		}
+		res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code})
+		wantStatus(t, res, sandbox.StatusOK)
+		if seen[res.Stdout] {
+			t.Errorf("run %d repeated the random numbers of an earlier one: %s", i, res.Stdout)
+		}
+		seen[res.Stdout] = true
+	}
+	images, _ := filepath.Glob(filepath.Join(rt.cfg.Pool.CheckpointDir, "python-*", checkpointDone))
+	if len(images) != 1 {
+		t.Errorf("checkpoint images: %v, want exactly one complete", images)
+	}
+	waitPooled(t, rt, "python") // refilled after the last run too
+}
+
+// TestPoolSameResults runs the same jobs with the pool off and on and
+// compares what matters of the results.
+func TestPoolSameResults(t *testing.T) {
+	jobs := []sandbox.Job{
+		{Language: "python", Code: "import sys\nprint('out'); print('err', file=sys.stderr); sys.exit(3)"},
+		{Language: "python", Code: "import sys\nprint(__name__, sys.argv, sys.stdin.read())", Stdin: []byte("in")},
+		{Language: "python", Code: "def f():\n    raise ValueError('boom')\nf()"},
+		{Language: "python", Code: "import data\nprint(data.X)", Files: []sandbox.File{{Path: "data.py", Data: []byte("X = 42")}}},
+		{Language: "python", Code: "open('out/a.txt', 'w').write('file')", OutputDir: "out"},
+		{Language: "python", Code: "print('started', flush=True)\nwhile True: pass", Limits: sandbox.Limits{Timeout: time.Second}},
+		{Language: "python", Code: "import os\nos.kill(os.getpid(), 9)"},
+		{Language: "python", Code: "b = bytearray(1 << 30)\nb[::4096] = b'x' * (len(b) // 4096)"},
+		{Language: "node", Code: "console.log(require.main === module, process.argv.length); process.exit(5)"},
+		{Language: "bash", Code: "echo $0 $BASH_VERSION >/dev/null; echo hi; exit 7"},
+	}
+	run := func(rt *Runtime, wait bool) []sandbox.Result {
+		var out []sandbox.Result
+		for _, job := range jobs {
+			if wait {
+				waitPooled(t, rt, job.Language)
+			}
+			out = append(out, mustRun(t, rt, job))
+		}
+		return out
+	}
+	cold := run(newTestRuntime(t, sandbox.Policy{}), false)
+	warm := run(newPoolRuntime(t, "python", "node", "bash"), true)
+	for i := range jobs {
+		c, w := cold[i], warm[i]
+		// Tracebacks name the same file and line either way.
+		if c.Status != w.Status || c.ExitCode != w.ExitCode || c.Signal != w.Signal || c.Stdout != w.Stdout || c.Stderr != w.Stderr ||
+			len(c.Files) != len(w.Files) || (len(c.Files) > 0 && string(c.Files[0].Data) != string(w.Files[0].Data)) {
+			t.Errorf("job %d (%s %q) differs:\ncold: %s %d %q stdout %q stderr %q files %v\nwarm: %s %d %q stdout %q stderr %q files %v",
+				i, jobs[i].Language, jobs[i].Code,
+				c.Status, c.ExitCode, c.Signal, c.Stdout, c.Stderr, c.Files,
+				w.Status, w.ExitCode, w.Signal, w.Stdout, w.Stderr, w.Files)
+		}
+	}
+}
+
+// TestPoolOnlyForItsLimits checks that a job with limits the pooled
+// sandboxes were not built with starts cold, leaving the pool alone.
+func TestPoolOnlyForItsLimits(t *testing.T) {
+	rt := newPoolRuntime(t, "bash")
+	pooled := waitPooled(t, rt, "bash")
+	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: "echo hi", Limits: sandbox.Limits{MemoryBytes: 256 * sandbox.MiB}})
+	wantStatus(t, res, sandbox.StatusOK)
+	if res.SandboxID == pooled {
+		t.Fatal("a job with its own memory limit ran in a pooled sandbox built with another")
+	}
+	res = mustRun(t, rt, sandbox.Job{Language: "bash", Code: "echo hi", Limits: sandbox.Limits{Timeout: 5 * time.Second, OutputBytes: 4096}})
+	if res.SandboxID != pooled {
+		t.Fatal("a job that differs only in timeout and output cap did not use the pooled sandbox")
+	}
+	if _, err := os.Stat(rt.cfg.StateDir); err != nil {
+		t.Fatal(err)
+	}
+}
