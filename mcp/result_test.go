@@ -479,3 +479,20 @@ func TestRunCodeEmptyImageThroughClient(t *testing.T) {
 		})
 	}
 }
+
+// TestResultCached checks that a reused result says so, in the structured
+// content and in the text.
+func TestResultCached(t *testing.T) {
+	r := result(sandbox.Result{Status: sandbox.StatusOK, Stdout: "1\n", Cached: true})
+	got := checkStructured(t, r.StructuredContent)
+	if got["cached"] != true {
+		t.Errorf("structured cached = %v, want true", got["cached"])
+	}
+	text := r.Content[0].(mcpgo.TextContent).Text
+	if !strings.Contains(text, "earlier identical call") {
+		t.Errorf("text does not say the result was reused:\n%s", text)
+	}
+	if got := checkStructured(t, result(sandbox.Result{Status: sandbox.StatusOK}).StructuredContent); got["cached"] != nil {
+		t.Errorf("a fresh result has cached = %v", got["cached"])
+	}
+}

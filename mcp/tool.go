@@ -53,6 +53,7 @@ type runCodeOutput struct {
 	MemoryPeakBytes int64          `json:"memory_peak_bytes"`
 	Message         string         `json:"message,omitempty"`
 	Files           []outputFile   `json:"files"`
+	Cached          bool           `json:"cached,omitempty"`
 }
 
 type outputFile struct {
@@ -79,6 +80,7 @@ const outputSchema = `{
     "duration_ms": {"type": "integer"},
     "memory_peak_bytes": {"type": "integer", "description": "peak memory of the sandbox, 0 if unknown"},
     "message": {"type": "string", "description": "why the status is not ok"},
+    "cached": {"type": "boolean", "description": "the result of an earlier identical call, reused; nothing ran"},
     "files": {"type": "array", "description": "files the program wrote to /workspace/out",
       "items": {"type": "object",
         "properties": {
@@ -251,7 +253,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 		Stdout: res.Stdout, Stderr: res.Stderr,
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
-		Files: []outputFile{},
+		Files: []outputFile{}, Cached: res.Cached,
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
@@ -325,6 +327,9 @@ func renderText(o runCodeOutput) string {
 		fmt.Fprintf(&b, "status: error: the program exited with code %d after %.2fs\n", o.ExitCode, float64(o.DurationMS)/1000)
 	default:
 		fmt.Fprintf(&b, "status: %s: %s\n", o.Status, o.Message)
+	}
+	if o.Cached {
+		b.WriteString("(the result of an earlier identical call, reused)\n")
 	}
 	if o.Stdout != "" {
 		b.WriteString("\nstdout:\n" + withNewline(o.Stdout))

@@ -33,9 +33,12 @@ type PoolConfig struct {
 	// refills then restore a checkpoint instead of starting cold. Empty
 	// means every refill is a cold start.
 	CheckpointDir string
-	// Once makes the pool start its sandboxes once and never replace those
-	// it hands out, for a process that serves a single run.
-	Once bool
+	// OnDemand keeps nothing ready: each run that the pool would serve
+	// restores its sandbox from the checkpoint when it comes, instead of
+	// starting cold. It is for a process that serves a single run; without
+	// a CheckpointDir, or for a language that cannot be checkpointed, runs
+	// start cold.
+	OnDemand bool
 }
 
 // DefaultPreload are the modules warm interpreters import by default.
@@ -59,6 +62,9 @@ type pool struct {
 	mu     sync.Mutex
 	langs  map[string]*poolLang
 	closed bool
+	// starting serialises starts outside the filler (OnDemand), since a
+	// language's checkpoint state belongs to one start at a time.
+	starting sync.Mutex
 
 	wake   chan struct{}
 	ctx    context.Context // ends when the pool closes, cancelling a start
@@ -73,7 +79,6 @@ type poolLang struct {
 	preload []string
 	size    int
 	ready   []*sandboxProc
-	started int   // sandboxes started so far, for Once
 	memory  int64 // memory of one ready sandbox, as last measured
 	fails   int   // refills failed in a row
 	ckpt    checkpointState
@@ -103,6 +108,10 @@ func newPool(rt *Runtime, cfg PoolConfig) (*pool, error) {
 		}
 		p.langs[name] = &poolLang{lang: lang, job: job, preload: preload, size: size}
 	}
+	if cfg.OnDemand {
+		close(p.done)
+		return p, nil
+	}
 	go p.fill()
 	p.poke()
 	return p, nil
@@ -130,6 +139,11 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 	if pl == nil || p.closed || !sameBundle(job.Limits, pl.job.Limits) {
 		return nil
 	}
+	if p.cfg.OnDemand {
+		p.mu.Unlock()
+		defer p.mu.Lock()
+		return p.restoreNow(pl)
+	}
 	defer p.poke()
 	for len(pl.ready) > 0 {
 		sp := pl.ready[0]
@@ -145,6 +159,23 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 		}
 	}
 	return nil
+}
+
+// restoreNow restores a sandbox for pl from its checkpoint, building the
+// image first if needed, or returns nil: only a restore beats a cold start.
+func (p *pool) restoreNow(pl *poolLang) *sandboxProc {
+	p.starting.Lock()
+	defer p.starting.Unlock()
+	image := p.checkpoint(pl)
+	if image == "" {
+		return nil
+	}
+	sp, err := p.restore(pl, image)
+	if err != nil {
+		p.restoreFailed(pl, image, err)
+		return nil
+	}
+	return sp
 }
 
 // sameBundle says whether a job with limits a gets the same sandbox as one
@@ -172,18 +203,12 @@ func (p *pool) next() *poolLang {
 	for _, name := range slices.Sorted(maps.Keys(p.langs)) {
 		pl := p.langs[name]
 		missing := pl.size - len(pl.ready)
-		if p.cfg.Once {
-			missing = pl.size - pl.started
-		}
 		if missing <= 0 || used+pl.memory > p.cfg.MemoryBytes {
 			continue
 		}
 		if best == nil || missing > best.size-len(best.ready) {
 			best = pl
 		}
-	}
-	if best != nil {
-		best.started++
 	}
 	return best
 }

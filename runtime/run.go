@@ -40,7 +40,8 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 				rt.log.Error("clean up pooled sandbox", "id", p.id, "err", err)
 			}
 		}()
-		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status, "pooled", true)
+		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status,
+			"pooled", true, slog.Group("ms_since_start", p.phases...))
 	default:
 		res.SandboxID = p.id
 		res = rt.runOnce(ctx, p, job, lang, res)

@@ -112,6 +112,9 @@ type Result struct {
 	// variables and imports are gone (files in /workspace survive unless
 	// the whole sandbox was).
 	StateLost bool `json:"state_lost,omitempty"`
+	// Cached says the result is an earlier run's, of an identical job (see
+	// ResultCache); nothing ran for this call.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // OutputFile is a file the program left in the job's OutputDir.

@@ -58,6 +58,8 @@ var serveEnv = map[string]string{
 	"max-sessions":    "SAFE_RUN_MAX_SESSIONS",
 	"session-idle":    "SAFE_RUN_SESSION_IDLE",
 	"session-max-age": "SAFE_RUN_SESSION_MAX_AGE",
+	"cache-ttl":       "SAFE_RUN_CACHE_TTL",
+	"cache-size":      "SAFE_RUN_CACHE_SIZE",
 	"log-level":       "SAFE_RUN_LOG_LEVEL",
 }
 
@@ -76,6 +78,9 @@ type serveFlags struct {
 	maxTimeout    time.Duration
 	limits        sandbox.Limits
 	sessions      runtime.SessionConfig
+	pool          poolFlags
+	cacheTTL      time.Duration
+	cacheSize     int64
 	logLevel      string
 }
 
@@ -101,6 +106,10 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.sessions.MaxSessions, "max-sessions", 8, "most live sessions (0 disables sessions)")
 	fs.DurationVar(&f.sessions.IdleTimeout, "session-idle", 10*time.Minute, "end a session unused this long")
 	fs.DurationVar(&f.sessions.MaxLifetime, "session-max-age", time.Hour, "end a session this long after it starts")
+	f.pool.register(fs)
+	fs.DurationVar(&f.cacheTTL, "cache-ttl", 0, "reuse the result of an identical run_code call (not in sessions) for this `long`; 0 disables")
+	f.cacheSize = 64 * sandbox.MiB
+	fs.Var(sizeFlag{&f.cacheSize}, "cache-size", "most output kept by the result cache (a `size`)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
 }
 
@@ -113,6 +122,9 @@ func cmdServe(args []string) int {
 		env[k] = v
 	}
 	for k, v := range serveEnv {
+		env[k] = v
+	}
+	for k, v := range poolEnv {
 		env[k] = v
 	}
 	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); printSettings(fs, env) }
@@ -161,6 +173,9 @@ func serve(f serveFlags) error {
 		return err
 	}
 	cfg.Policy, cfg.Logger, cfg.Sessions = policy, logger, f.sessions
+	if cfg.Pool, err = f.pool.config(f.host.cacheDir); err != nil {
+		return err
+	}
 	rt, err := runtime.New(cfg)
 	if err != nil {
 		return err
@@ -168,8 +183,9 @@ func serve(f serveFlags) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	defer func() {
-		// Cancelled runs clean up after themselves; sessions are closed.
-		rt.CloseSessions()
+		// Cancelled runs clean up after themselves; the pool and sessions
+		// are closed.
+		rt.Close()
 		drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		if err := rt.Wait(drain); err != nil {
@@ -186,8 +202,12 @@ func serve(f serveFlags) error {
 		env.Sessions = &mcp.SessionLimits{MaxSessions: f.sessions.MaxSessions,
 			IdleTimeoutSeconds: f.sessions.IdleTimeout.Seconds(), MaxLifetimeSeconds: f.sessions.MaxLifetime.Seconds()}
 	}
+	var runner sandbox.Runner = rt
+	if f.cacheTTL > 0 {
+		runner = &sandbox.ResultCache{Runner: rt, TTL: f.cacheTTL, MaxBytes: f.cacheSize}
+	}
 	srv := mcp.NewServer(mcp.Config{
-		Runner: rt, Sessions: sessions, Policy: policy, Environment: env,
+		Runner: runner, Sessions: sessions, Policy: policy, Environment: env,
 		Gate:       sandbox.NewGate(f.maxConcurrent, f.maxQueue),
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
 	})
@@ -207,8 +227,8 @@ func serve(f serveFlags) error {
 
 	handler := mcp.HTTPHandler(srv, mcp.HTTPConfig{
 		Token:          token,
-		AllowedOrigins: splitList(f.origins),
-		AllowedHosts:   splitList(f.hosts),
+		AllowedOrigins: splitList(f.origins, ","),
+		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
 	})
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
@@ -256,14 +276,4 @@ func readToken(token, file string) (string, error) {
 		return "", fmt.Errorf("token file %s is empty", file)
 	}
 	return t, nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }

@@ -1,0 +1,84 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// poolFlags configure the warm pool of `serve`.
+type poolFlags struct {
+	sizes       string
+	preload     string
+	memory      int64
+	checkpoints bool
+}
+
+// poolEnv names the environment variable of each pool flag.
+var poolEnv = map[string]string{
+	"pool":        "SAFE_RUN_POOL",
+	"preload":     "SAFE_RUN_PRELOAD",
+	"pool-memory": "SAFE_RUN_POOL_MEMORY",
+	"checkpoints": "SAFE_RUN_CHECKPOINTS",
+}
+
+// defaultPool keeps enough warm sandboxes for a client's bursts of calls
+// while costing little memory when idle (see the README's benchmark).
+const defaultPool = "python=2,node=1,bash=1"
+
+func (p *poolFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&p.sizes, "pool", defaultPool, "warm sandboxes kept ready per language, as `LANG=N,...`; each serves one run (empty or 0 disables)")
+	fs.StringVar(&p.preload, "preload", defaultPreload(), "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...`")
+	p.memory = runtime.DefaultPoolMemory
+	fs.Var(sizeFlag{&p.memory}, "pool-memory", "most memory the warm sandboxes use together (a `size`)")
+	fs.BoolVar(&p.checkpoints, "checkpoints", true, "refill the pool by restoring a cached checkpoint of a warm sandbox (Python)")
+}
+
+func defaultPreload() string {
+	var parts []string
+	for _, lang := range sortedKeys(runtime.DefaultPreload) {
+		parts = append(parts, lang+"="+strings.Join(runtime.DefaultPreload[lang], ","))
+	}
+	return strings.Join(parts, ";")
+}
+
+// config turns the flags into the runtime's pool configuration, with
+// checkpoint images cached below cacheDir.
+func (p *poolFlags) config(cacheDir string) (runtime.PoolConfig, error) {
+	cfg := runtime.PoolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
+	for _, part := range splitList(p.sizes, ",") {
+		lang, n, ok := strings.Cut(part, "=")
+		size, err := strconv.Atoi(n)
+		if !ok || err != nil || size < 0 {
+			return cfg, &sandbox.InputError{Field: "pool", Msg: fmt.Sprintf("%q is not LANG=N with N ≥ 0, e.g. python=2", part)}
+		}
+		cfg.Size[strings.TrimSpace(lang)] = size
+	}
+	for _, part := range splitList(p.preload, ";") {
+		lang, mods, ok := strings.Cut(part, "=")
+		if !ok {
+			return cfg, &sandbox.InputError{Field: "preload", Msg: fmt.Sprintf("%q is not LANG=MOD,MOD, e.g. python=numpy,pandas", part)}
+		}
+		cfg.Preload[strings.TrimSpace(lang)] = splitList(mods, ",")
+	}
+	if p.checkpoints {
+		cfg.CheckpointDir = filepath.Join(cacheDir, "checkpoints")
+	}
+	return cfg, nil
+}
+
+// splitList splits s at sep, trimming spaces and dropping empty parts.
+func splitList(s, sep string) []string {
+	var out []string
+	for _, part := range strings.Split(s, sep) {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
