@@ -318,7 +318,8 @@ func TestMCPProgress(t *testing.T) {
 func TestMCPCancellationKillsTheSandbox(t *testing.T) {
 	for _, tr := range transports {
 		t.Run(tr, func(t *testing.T) {
-			ts := startServer(t, tr)
+			// Without a warm pool, the cancelled run's sandbox is the only one.
+			ts := startServer(t, tr, "--pool=")
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() {
@@ -342,6 +343,45 @@ func TestMCPCancellationKillsTheSandbox(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestMCPWarmPool runs code in each language through a server with a warm
+// pool: the pool fills (one sandbox per language here, so the state
+// directory shows them all), serves the calls, refills, and is gone when
+// the server stops.
+func TestMCPWarmPool(t *testing.T) {
+	bin := binary(t)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	c, err := client.NewStdioMCPClient(bin, nil, "serve", "--state-dir", stateDir, "--log-level", "warn", "--pool", "python=1,node=1,bash=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := &testServer{stateDir: stateDir}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	var init mcpgo.InitializeRequest
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-test", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize: %v", err)
+	}
+	ts.client = c
+	full := func() bool { return len(stateEntries(stateDir)) == 3 }
+	waitUntil(t, 3*time.Minute, full) // a first checkpoint build included
+	for _, tc := range []struct{ lang, code, want string }{
+		{"python", "import pandas as pd, sys; print(pd.__version__, __name__, sys.argv)", "1.5.3 __main__ ['main.py']\n"},
+		{"node", "console.log(require.main === module, 6 * 7)", "true 42\n"},
+		{"bash", "echo $((6 * 7))", "42\n"},
+	} {
+		res, out := ts.mustCall(t, map[string]any{"language": tc.lang, "code": tc.code})
+		if res.IsError || out["stdout"] != tc.want {
+			t.Errorf("%s: %v", tc.lang, out)
+		}
+		waitUntil(t, time.Minute, full)
+	}
+	c.Close()
+	waitUntil(t, 30*time.Second, func() bool {
+		return len(sandboxProcesses(stateDir)) == 0 && len(stateEntries(stateDir)) == 0
+	})
 }
 
 func TestMCPConcurrentCalls(t *testing.T) {
@@ -567,7 +607,7 @@ func TestMCPSessionStateInEachLanguage(t *testing.T) {
 }
 
 func TestMCPSessionLimitsAndExpiry(t *testing.T) {
-	ts := startServer(t, "stdio", "--session-idle", "3s")
+	ts := startServer(t, "stdio", "--session-idle", "3s", "--pool=")
 	var first string
 	for i := range 8 {
 		res, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
