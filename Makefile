@@ -11,7 +11,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo test test-unit vet clean
+.PHONY: all build runsc rootfs deps demo test test-unit vet bench clean
 
 all: build runsc
 
@@ -60,6 +60,11 @@ test-unit:
 test: deps build runsc rootfs vet
 	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 60m ./...
 	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
+
+# Side-by-side latency and throughput of each layer (chroot, runsc, the CLI,
+# MCP with the pool off and on); rewrites the README's benchmark table.
+bench: deps build runsc rootfs
+	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 clean:
 	rm -rf bin
