@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -155,6 +157,7 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 			p.rt.log.Warn("a pooled sandbox died while waiting", "id", sp.id, "language", job.Language)
 			go sp.destroy()
 		default:
+			markPooled(sp, false, "")
 			return sp
 		}
 	}
@@ -249,7 +252,22 @@ func (p *pool) fill() {
 			return
 		}
 		pl.ready = append(pl.ready, sp)
+		markPooled(sp, true, pl.lang.Name)
 		p.mu.Unlock()
+	}
+}
+
+// pooledMarker is a file in the run directory of a sandbox that waits in
+// the pool, holding its language, so that operators (and the benchmark)
+// can tell it from one that is starting, running or being removed.
+const pooledMarker = "pooled"
+
+func markPooled(sp *sandboxProc, pooled bool, lang string) {
+	path := filepath.Join(sp.dir, pooledMarker)
+	if pooled {
+		_ = os.WriteFile(path, []byte(lang+"\n"), 0o600)
+	} else {
+		_ = os.Remove(path)
 	}
 }
 

@@ -365,7 +365,10 @@ func TestMCPWarmPool(t *testing.T) {
 		t.Fatalf("initialize: %v", err)
 	}
 	ts.client = c
-	full := func() bool { return len(stateEntries(stateDir)) == 3 }
+	full := func() bool {
+		pooled, _ := filepath.Glob(filepath.Join(stateDir, "*", "pooled"))
+		return len(pooled) == 3 && len(stateEntries(stateDir)) == 3
+	}
 	waitUntil(t, 3*time.Minute, full) // a first checkpoint build included
 	for _, tc := range []struct{ lang, code, want string }{
 		{"python", "import pandas as pd, sys; print(pd.__version__, __name__, sys.argv)", "1.5.3 __main__ ['main.py']\n"},
