@@ -70,7 +70,9 @@ func (rt *Runtime) runOnce(ctx context.Context, p *sandboxProc, job sandbox.Job,
 	}
 	req := rt.request(job, lang)
 	stdout, stderr := newStreams(job)
+	p.mark("request")
 	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
+	p.mark("answered")
 	if exit == nil {
 		// Whatever ended the sandbox, its cgroup has the last word only
 		// once runsc is gone.
@@ -78,6 +80,7 @@ func (rt *Runtime) runOnce(ctx context.Context, p *sandboxProc, job sandbox.Job,
 		p.mark("runsc_exited")
 	}
 	oomKills, peak := p.usage()
+	p.mark("usage_read")
 	res.MemoryPeakBytes = peak
 	res = finishStreams(res, exit, stdout, stderr)
 	res.Files = rt.outputFiles(job, exit)
