@@ -124,13 +124,13 @@ type Throughput struct {
 
 // Report is everything one benchmark run measured.
 type Report struct {
-	Date         string       `json:"date"`
-	Machine      string       `json:"machine"`
-	Runsc        string       `json:"runsc"`
-	Rows         []Row        `json:"rows"`
-	Throughput   []Throughput `json:"throughput"`
-	WarmMemory   []Memory     `json:"warm_sandbox_memory"`
-	Targets      []Target     `json:"targets"`
+	Date       string       `json:"date"`
+	Machine    string       `json:"machine"`
+	Runsc      string       `json:"runsc"`
+	Rows       []Row        `json:"rows"`
+	Throughput []Throughput `json:"throughput"`
+	WarmMemory []Memory     `json:"warm_sandbox_memory"`
+	Targets    []Target     `json:"targets"`
 }
 
 // Memory is what one warm sandbox uses, as its cgroup counts it.
