@@ -149,7 +149,8 @@ func TestSessionLimitAndExpiry(t *testing.T) {
 		t.Skip("starts nine sandboxes")
 	}
 	rt := newTestRuntime(t, sandbox.Policy{})
-	rt.cfg.Sessions = SessionConfig{MaxSessions: 8, IdleTimeout: 2 * time.Second, MaxLifetime: time.Hour}
+	// Long enough that none expires while nine start on a loaded host.
+	rt.cfg.Sessions = SessionConfig{MaxSessions: 8, IdleTimeout: 15 * time.Second, MaxLifetime: time.Hour}
 	t.Cleanup(rt.CloseSessions)
 	var ids []string
 	for range 8 {
@@ -160,12 +161,12 @@ func TestSessionLimitAndExpiry(t *testing.T) {
 		t.Errorf("ninth session: %v, want ErrTooManySessions naming the limit", err)
 	}
 	// Idle sessions expire, and take their sandboxes with them.
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for len(rt.ListSessions()) > 0 && time.Now().Before(deadline) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if n := len(rt.ListSessions()); n > 0 {
-		t.Fatalf("%d sessions still live 30s after their 2s idle timeout", n)
+		t.Fatalf("%d sessions still live 60s after their 15s idle timeout", n)
 	}
 	if _, err := rt.RunInSession(context.Background(), ids[0], sandbox.Job{Code: "true"}); !errors.Is(err, sandbox.ErrNoSession) || !strings.Contains(err.Error(), "create a new session") {
 		t.Errorf("expired session: %v, want ErrNoSession telling to create one", err)

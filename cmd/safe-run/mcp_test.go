@@ -610,7 +610,8 @@ func TestMCPSessionStateInEachLanguage(t *testing.T) {
 }
 
 func TestMCPSessionLimitsAndExpiry(t *testing.T) {
-	ts := startServer(t, "stdio", "--session-idle", "3s", "--pool=")
+	// Long enough that none expires while nine start on a loaded host.
+	ts := startServer(t, "stdio", "--session-idle", "15s", "--pool=")
 	var first string
 	for i := range 8 {
 		res, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
@@ -633,5 +634,29 @@ func TestMCPSessionLimitsAndExpiry(t *testing.T) {
 	}
 	if res, _ := ts.tool(t, "list_sessions", map[string]any{}); !strings.Contains(text(res), "no live sessions") {
 		t.Errorf("list_sessions after expiry: %s", text(res))
+	}
+}
+
+// TestMCPResultCache turns the result cache on and checks that an identical
+// call is answered from it, marked cached, and that a different call, or a
+// call in a session, is not.
+func TestMCPResultCache(t *testing.T) {
+	ts := startServer(t, "stdio", "--cache-ttl", "1m", "--pool=")
+	code := "import random; print(random.random())"
+	_, first := ts.mustCall(t, map[string]any{"language": "python", "code": code})
+	_, again := ts.mustCall(t, map[string]any{"language": "python", "code": code})
+	if first["cached"] != nil || again["cached"] != true || again["stdout"] != first["stdout"] {
+		t.Errorf("first %v\nagain %v", first, again)
+	}
+	_, other := ts.mustCall(t, map[string]any{"language": "python", "code": code, "stdin": "x"})
+	if other["cached"] != nil || other["stdout"] == first["stdout"] {
+		t.Errorf("a call with other stdin was answered from the cache: %v", other)
+	}
+	_, info := ts.tool(t, "create_session", map[string]any{"language": "python"})
+	id, _ := info["session_id"].(string)
+	for range 2 {
+		if _, out := ts.mustCall(t, map[string]any{"language": "python", "code": code, "session_id": id}); out["cached"] != nil {
+			t.Errorf("a session call was answered from the cache: %v", out)
+		}
 	}
 }
