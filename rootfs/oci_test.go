@@ -242,7 +242,7 @@ func TestImportImageMalicious(t *testing.T) {
 	tests := []struct {
 		name    string
 		layer   func(t *testing.T) v1.Layer
-		wantErr string                          // empty: imported, then check
+		wantErr string                        // empty: imported, then check
 		check   func(t *testing.T, img Image) // for an import that succeeds
 	}{
 		{"traversal", func(t *testing.T) v1.Layer { return testLayer(t, regEntry("../../evil", 0o644, "x")) }, "leaves the image root", nil},
@@ -492,10 +492,10 @@ func TestStoreRemove(t *testing.T) {
 
 func TestNameFile(t *testing.T) {
 	for name, want := range map[string]string{
-		"default":                      "default",
-		"python:3.12-slim":             "python%3A3.12-slim",
+		"default":                       "default",
+		"python:3.12-slim":              "python%3A3.12-slim",
 		"127.0.0.1:5000/team/ds@sha256": "127.0.0.1%3A5000%2Fteam%2Fds%40sha256",
-		"r/Tag":                        "r%2F%54ag",
+		"r/Tag":                         "r%2F%54ag",
 	} {
 		if got := nameFile(name); got != want {
 			t.Errorf("nameFile(%q) = %q, want %q", name, got, want)

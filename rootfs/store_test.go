@@ -460,7 +460,7 @@ func TestStoreInvalidNames(t *testing.T) {
 	archive := writeArchive(t, imageEntries...)
 	bad := []string{"../x", "UPPER", "a/b", ".hidden", "-dash", "a b", "x\n", strings.Repeat("a", 65)}
 	// Names may be image references, with '/' and ':', but never a path.
-	badNames := []string{"../x", "UPPER", "a//b", "a/../b", "a/./b", "a/", ".hidden", "-dash", "a b", "x\n", "a\\b", strings.Repeat("a", 201), "a"+strings.Repeat(":", 100)}
+	badNames := []string{"../x", "UPPER", "a//b", "a/../b", "a/./b", "a/", ".hidden", "-dash", "a b", "x\n", "a\\b", strings.Repeat("a", 201), "a" + strings.Repeat(":", 100)}
 	for _, name := range append(badNames, "") {
 		t.Run("name "+name, func(t *testing.T) {
 			s := newStore(t)
