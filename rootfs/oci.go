@@ -267,46 +267,64 @@ func archiveFormat(file string) (string, error) {
 }
 
 // openImageArchive opens the one image of a docker save archive or an OCI
-// layout archive (an OCI layout directory works too). An OCI archive is
-// first unpacked, safely, into a directory of the store's staging area;
-// done removes it.
-func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img v1.Image, done func(), err error) {
+// layout archive (an OCI layout directory works too), and returns the name
+// the archive gives it, if any. An OCI archive is first unpacked, safely,
+// into a directory of the store's staging area; done removes it.
+func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img v1.Image, tag string, done func(), err error) {
 	done = func() {}
 	if format == formatDocker {
 		opener := func() (io.ReadCloser, error) { return openMaybeGzip(file) }
+		m, err := tarball.LoadManifest(opener)
+		if err != nil {
+			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
+		}
+		if len(m) != 1 {
+			return nil, "", done, fmt.Errorf("read docker archive %s: it holds %d images; save one image per archive", file, len(m))
+		}
+		if len(m[0].RepoTags) > 0 {
+			tag = m[0].RepoTags[0]
+		}
 		img, err := tarball.Image(opener, nil)
 		if err != nil {
-			return nil, done, fmt.Errorf("read docker archive %s: %w", file, err)
+			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
 		}
-		return img, done, nil
+		return img, tag, done, nil
 	}
 	dir := file
 	if fi, err := os.Stat(file); err == nil && !fi.IsDir() {
 		work, rootDir, err := s.newStaging()
 		if err != nil {
-			return nil, done, err
+			return nil, "", done, err
 		}
 		done = func() { os.RemoveAll(work) }
 		f, err := os.Open(file)
 		if err != nil {
-			return nil, done, err
+			return nil, "", done, err
 		}
 		_, err = Extract(f, rootDir, limits)
 		f.Close()
 		if err != nil {
-			return nil, done, fmt.Errorf("unpack OCI archive %s: %w", file, err)
+			return nil, "", done, fmt.Errorf("unpack OCI archive %s: %w", file, err)
 		}
 		dir = rootDir
 	}
 	idx, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
-		return nil, done, fmt.Errorf("read OCI layout %s: %w", file, err)
+		return nil, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
+	}
+	if m, err := idx.IndexManifest(); err == nil && len(m.Manifests) == 1 {
+		// containerd and Docker put the full name here; the OCI key often
+		// holds only the tag.
+		tag = m.Manifests[0].Annotations["io.containerd.image.name"]
+		if tag == "" {
+			tag = m.Manifests[0].Annotations["org.opencontainers.image.ref.name"]
+		}
 	}
 	img, err = onlyImage(idx)
 	if err != nil {
-		return nil, done, fmt.Errorf("read OCI layout %s: %w", file, err)
+		return nil, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
 	}
-	return img, done, nil
+	return img, tag, done, nil
 }
 
 // onlyImage picks the image of an index: its only one, or the one for
@@ -362,7 +380,9 @@ func openMaybeGzip(file string) (io.ReadCloser, error) {
 
 // ImportFile imports the archive at file under name, whatever its kind: a
 // docker save archive, an OCI image layout (archive or directory), or a
-// root file system tar (plain or gzip-compressed) as Import takes.
+// root file system tar (plain or gzip-compressed) as Import takes. An empty
+// name means the image's tag in the archive, or DefaultName for a root
+// file system.
 func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOptions) (Image, error) {
 	format := formatOCI
 	if fi, err := os.Stat(file); err != nil {
@@ -373,13 +393,18 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 		}
 	}
 	if format == formatRootfs {
+		if name == "" {
+			name = DefaultName
+		}
 		return s.Import(name, file, opts)
 	}
 	if opts.Key != "" {
 		return Image{}, fmt.Errorf("import %s: --key is only for root file system archives; this is a %s image archive", file, format)
 	}
-	if err := checkName(name); err != nil {
-		return Image{}, fmt.Errorf("import: %w", err)
+	if name != "" {
+		if err := checkName(name); err != nil {
+			return Image{}, fmt.Errorf("import: %w", err)
+		}
 	}
 	unlock, err := s.lock()
 	if err != nil {
@@ -387,10 +412,18 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 	}
 	defer unlock()
 	s.removeStaging()
-	img, done, err := s.openImageArchive(file, format, opts.Limits)
+	img, tag, done, err := s.openImageArchive(file, format, opts.Limits)
 	defer done()
 	if err != nil {
 		return Image{}, err
+	}
+	if name == "" {
+		if name = tag; name == "" {
+			return Image{}, fmt.Errorf("import %s: the archive names no image; give it a name with --name", file)
+		}
+		if err := checkName(name); err != nil {
+			return Image{}, fmt.Errorf("import %s: the archive's image name: %w; give another with --name", file, err)
+		}
 	}
 	abs, _ := filepath.Abs(file)
 	return s.importImage(ctx, name, img, abs, opts)
