@@ -81,7 +81,12 @@ func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (
 
 func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 	rt := p.rt
-	spec, err := bundle.Build(job, bundle.Config{Rootfs: rt.cfg.Rootfs, Agent: rt.cfg.Agent, KeepAlive: !oneShot})
+	img, err := rt.image(job)
+	if err != nil {
+		return err
+	}
+	spec, err := bundle.Build(job, bundle.Config{Rootfs: img.Rootfs, ImageEnv: img.Env, WorkingDir: img.WorkingDir,
+		Agent: rt.cfg.Agent, KeepAlive: !oneShot})
 	if err != nil {
 		return err
 	}
