@@ -56,8 +56,17 @@ func cmdImage(args []string) int {
 	limits := rootfs.DefaultExtractLimits
 	fs.Var(sizeFlag{&limits.MaxBytes}, "max-size", "most bytes of files in one image")
 	fs.Var(sizeFlag{&limits.MaxFileBytes}, "max-file-size", "largest file in an image")
-	if code, done := parseFlags(fs, args[1:]); done {
-		return code
+	// Flags may come after the operands too: image pull REF --json.
+	var operands []string
+	for rest := args[1:]; ; {
+		if code, done := parseFlags(fs, rest); done {
+			return code
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		operands = append(operands, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
 	store := rootfs.Store{Dir: *cacheDir}
 	opts := rootfs.ImportOptions{Key: *key, Mountpoints: imageMountpoints(), Limits: limits}
@@ -65,10 +74,10 @@ func cmdImage(args []string) int {
 	defer stop()
 	switch args[0] {
 	case "pull":
-		if fs.NArg() != 1 {
+		if len(operands) != 1 {
 			return fail(usageError("image pull takes one image reference, e.g. python:3.12-slim"))
 		}
-		ref := fs.Arg(0)
+		ref := operands[0]
 		if *name == "" {
 			*name = ref
 		}
@@ -82,20 +91,20 @@ func cmdImage(args []string) int {
 		}
 		return imageDone(img, *name, time.Since(start), *asJSON)
 	case "import":
-		if fs.NArg() != 1 {
+		if len(operands) != 1 {
 			return fail(usageError("image import takes one archive FILE"))
 		}
-		progress := newProgress("extracting " + fs.Arg(0))
+		progress := newProgress("extracting " + operands[0])
 		opts.Progress = progress.update
 		start := time.Now()
-		img, err := store.ImportFile(ctx, *name, fs.Arg(0), opts)
+		img, err := store.ImportFile(ctx, *name, operands[0], opts)
 		progress.done()
 		if err != nil {
 			return fail(err)
 		}
 		return imageDone(img, img.Names[0], time.Since(start), *asJSON)
 	case "build":
-		if fs.NArg() != 1 || fs.Arg(0) != rootfs.DefaultName {
+		if len(operands) != 1 || operands[0] != rootfs.DefaultName {
 			return fail(usageError("image build takes the name of a recipe; the only one is: default"))
 		}
 		progress := newProgress("extracting the default image")
@@ -128,11 +137,11 @@ func cmdImage(args []string) int {
 		tw.Flush()
 		return 0
 	case "rm":
-		if fs.NArg() == 0 {
+		if len(operands) == 0 {
 			return fail(usageError("image rm takes the names to remove"))
 		}
 		code := 0
-		for _, n := range fs.Args() {
+		for _, n := range operands {
 			removed, err := store.Remove(n)
 			switch {
 			case err != nil:
