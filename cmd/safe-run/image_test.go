@@ -9,12 +9,14 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
+	"flag"
 	"io"
 	"log"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -292,5 +294,80 @@ func TestImageImportMalicious(t *testing.T) {
 				t.Error("/tmp/evil was written")
 			}
 		})
+	}
+}
+
+// TestMCPImageArgument serves MCP with an allowed image: run_code runs in
+// it when asked, and refuses any other image.
+func TestMCPImageArgument(t *testing.T) {
+	binary(t)
+	file := filepath.Join(t.TempDir(), "bash.tar")
+	tag, _ := name.NewTag("team/bash:1")
+	if err := tarball.WriteToFile(file, tag, bashImage(t)); err != nil {
+		t.Fatal(err)
+	}
+	cache := filepath.Join(t.TempDir(), "cache")
+	for _, n := range []string{"plain", "team/bash:1"} {
+		if res := safeRun(t, "", imageArgs(cache, "import", "--name", n, file)...); res.code != 0 {
+			t.Fatalf("image import: exit %d: %s", res.code, res.stderr)
+		}
+	}
+	// A language the operator maps to the image, and the image as the
+	// default of the others.
+	ts := startServer(t, "stdio", "--cache-dir", cache, "--image", "plain", "--images", "team/bash:1",
+		"--languages", `[{"name": "shell", "filename": "run.sh", "command": ["bash", "run.sh"], "image": "team/bash:1"}]`)
+	for _, lang := range []string{"bash", "shell"} {
+		args := map[string]any{"language": lang, "code": bashProgram}
+		if lang == "bash" {
+			args["image"] = "team/bash:1"
+		}
+		res, out := ts.mustCall(t, args)
+		if res.IsError || out["stdout"] != bashWant {
+			t.Errorf("run_code %s in the allowed image: %s", lang, text(res))
+		}
+	}
+	// The language's own image needs no listing; any other does.
+	if res, _ := ts.mustCall(t, map[string]any{"language": "bash", "code": "true", "image": "plain"}); res.IsError {
+		t.Errorf("run_code in the language's own image: %s", text(res))
+	}
+	res, _ := ts.mustCall(t, map[string]any{"language": "bash", "code": "true", "image": "other:1"})
+	if !res.IsError || !strings.Contains(text(res), `"other:1" is not allowed; use one of team/bash:1`) {
+		t.Errorf("run_code in an image not allowed: %s", text(res))
+	}
+}
+
+// TestLanguagesSetting checks that the config file's list of languages
+// reaches the flag as JSON and merges into the defaults.
+func TestLanguagesSetting(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "config.json")
+	data := `{"languages": [{"name": "ruby", "image": "ruby:3.3", "filename": "main.rb", "command": ["ruby", "main.rb"]},
+		{"name": "python", "image": "python:3.12-slim"}], "images": ["python:3.12-slim", "ruby:3.3"]}`
+	if err := os.WriteFile(config, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	var f serveFlags
+	f.register(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := applySettings(fs, nil, config); err != nil {
+		t.Fatalf("applySettings: %v", err)
+	}
+	langs := f.host.languageTable()
+	var got []string
+	for _, l := range langs {
+		got = append(got, l.Name+"@"+l.Image)
+	}
+	if want := []string{"python@python:3.12-slim", "node@default", "bash@default", "ruby@ruby:3.3"}; !slices.Equal(got, want) {
+		t.Errorf("languages %q, want %q", got, want)
+	}
+	if f.images != "python:3.12-slim,ruby:3.3" {
+		t.Errorf("images %q", f.images)
+	}
+	for _, bad := range []string{`[{"name": "x"}]`, `[{"name": "ruby", "cmd": ["ruby"]}]`, `{"name": "ruby"}`} {
+		if err := fs.Set("languages", bad); err == nil {
+			t.Errorf("--languages %s accepted", bad)
+		}
 	}
 }
