@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -88,6 +89,17 @@ func (rt *Runtime) image(job sandbox.Job) (Image, error) {
 		return Image{}, fmt.Errorf("image %s: %w", ref, err)
 	}
 	return img, nil
+}
+
+// bundleConfig is the bundle configuration of a sandbox for job: its
+// image's root, environment and WORKDIR, and the agent.
+func (rt *Runtime) bundleConfig(job sandbox.Job, keepAlive bool) (bundle.Config, error) {
+	img, err := rt.image(job)
+	if err != nil {
+		return bundle.Config{}, err
+	}
+	return bundle.Config{Rootfs: img.Rootfs, ImageEnv: img.Env, WorkingDir: img.WorkingDir,
+		Agent: rt.cfg.Agent, KeepAlive: keepAlive}, nil
 }
 
 // DefaultStateDir is /run/safe-run for root and $XDG_RUNTIME_DIR/safe-run

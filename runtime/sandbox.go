@@ -81,12 +81,11 @@ func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (
 
 func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 	rt := p.rt
-	img, err := rt.image(job)
+	cfg, err := rt.bundleConfig(job, !oneShot)
 	if err != nil {
 		return err
 	}
-	spec, err := bundle.Build(job, bundle.Config{Rootfs: img.Rootfs, ImageEnv: img.Env, WorkingDir: img.WorkingDir,
-		Agent: rt.cfg.Agent, KeepAlive: !oneShot})
+	spec, err := bundle.Build(job, cfg)
 	if err != nil {
 		return err
 	}

@@ -67,6 +67,12 @@ func layerOf(t *testing.T, entries []tar.Header, bodies map[string][]byte) v1.La
 // whiteout, an environment variable and a WORKDIR.
 func bashImage(t *testing.T) v1.Image {
 	t.Helper()
+	return bashImageGreeting(t, "hi-from-image")
+}
+
+// bashImageGreeting is bashImage with another GREETING.
+func bashImageGreeting(t *testing.T, greeting string) v1.Image {
+	t.Helper()
 	bash, err := filepath.EvalSymlinks("/bin/bash")
 	if err != nil {
 		t.Fatal(err)
@@ -125,7 +131,7 @@ func bashImage(t *testing.T) v1.Image {
 	}
 	cf = cf.DeepCopy()
 	cf.OS, cf.Architecture = "linux", rootfs.Platform.Architecture
-	cf.Config = v1.Config{Env: []string{"PATH=/opt/tools:/usr/bin:/bin", "GREETING=hi-from-image"}, WorkingDir: "/srv/work", User: "1000"}
+	cf.Config = v1.Config{Env: []string{"PATH=/opt/tools:/usr/bin:/bin", "GREETING=" + greeting}, WorkingDir: "/srv/work", User: "1000"}
 	img, err = mutate.ConfigFile(img, cf)
 	if err != nil {
 		t.Fatal(err)
@@ -301,34 +307,39 @@ func TestImageImportMalicious(t *testing.T) {
 // it when asked, and refuses any other image.
 func TestMCPImageArgument(t *testing.T) {
 	binary(t)
-	file := filepath.Join(t.TempDir(), "bash.tar")
-	tag, _ := name.NewTag("team/bash:1")
-	if err := tarball.WriteToFile(file, tag, bashImage(t)); err != nil {
-		t.Fatal(err)
-	}
 	cache := filepath.Join(t.TempDir(), "cache")
-	for _, n := range []string{"plain", "team/bash:1"} {
-		if res := safeRun(t, "", imageArgs(cache, "import", "--name", n, file)...); res.code != 0 {
+	for _, img := range []struct {
+		name     string
+		greeting string
+	}{{"plain", "plain"}, {"team/bash:1", "hi-from-image"}} {
+		file := filepath.Join(t.TempDir(), "bash.tar")
+		if err := tarball.WriteToFile(file, nil, bashImageGreeting(t, img.greeting)); err != nil {
+			t.Fatal(err)
+		}
+		if res := safeRun(t, "", imageArgs(cache, "import", "--name", img.name, file)...); res.code != 0 {
 			t.Fatalf("image import: exit %d: %s", res.code, res.stderr)
 		}
 	}
-	// A language the operator maps to the image, and the image as the
-	// default of the others.
-	ts := startServer(t, "stdio", "--cache-dir", cache, "--image", "plain", "--images", "team/bash:1",
+	// plain is the default image, with a warm bash sandbox in it; shell is
+	// a language the operator maps to the other image.
+	ts := startServer(t, "stdio", "--cache-dir", cache, "--image", "plain", "--images", "team/bash:1", "--pool", "bash=1",
 		"--languages", `[{"name": "shell", "filename": "run.sh", "command": ["bash", "run.sh"], "image": "team/bash:1"}]`)
-	for _, lang := range []string{"bash", "shell"} {
-		args := map[string]any{"language": lang, "code": bashProgram}
-		if lang == "bash" {
-			args["image"] = "team/bash:1"
+	for _, tt := range []struct {
+		lang, image, greeting string
+	}{
+		{"bash", "", "plain"},
+		{"bash", "team/bash:1", "hi-from-image"},
+		{"shell", "", "hi-from-image"},
+		{"bash", "plain", "plain"}, // the language's own image needs no listing
+	} {
+		args := map[string]any{"language": tt.lang, "code": bashProgram}
+		if tt.image != "" {
+			args["image"] = tt.image
 		}
-		res, out := ts.mustCall(t, args)
-		if res.IsError || out["stdout"] != bashWant {
-			t.Errorf("run_code %s in the allowed image: %s", lang, text(res))
+		want := strings.Replace(bashWant, "hi-from-image", tt.greeting, 1)
+		if res, out := ts.mustCall(t, args); res.IsError || out["stdout"] != want {
+			t.Errorf("run_code %s in image %q: %s", tt.lang, tt.image, text(res))
 		}
-	}
-	// The language's own image needs no listing; any other does.
-	if res, _ := ts.mustCall(t, map[string]any{"language": "bash", "code": "true", "image": "plain"}); res.IsError {
-		t.Errorf("run_code in the language's own image: %s", text(res))
 	}
 	res, _ := ts.mustCall(t, map[string]any{"language": "bash", "code": "true", "image": "other:1"})
 	if !res.IsError || !strings.Contains(text(res), `"other:1" is not allowed; use one of team/bash:1`) {

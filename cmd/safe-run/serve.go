@@ -175,7 +175,7 @@ func serve(f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	policy.Languages, policy.Images = cfg.Policy.Languages, splitList(f.images)
+	policy.Languages, policy.Images = cfg.Policy.Languages, splitList(f.images, ",")
 	for _, ref := range policy.Images {
 		if _, err := f.host.store().Lookup(ref); err != nil {
 			return fmt.Errorf("--images: %w", err)
