@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') go.mod go.sum
+GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') go.mod go.sum rootfs/build-rootfs.sh
 # Integration tests use exactly these binaries and the default image.
 TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_BIN=$(CURDIR)/bin/safe-run \
@@ -31,9 +31,10 @@ bin/runsc: scripts/runsc/go.mod scripts/runsc/go.sum scripts/build-runsc.sh
 deps:
 	@scripts/install-deps.sh
 
-# Builds the default image unless the cache already holds this recipe's.
+# Builds the default image unless the cache already holds this recipe's
+# (rootfs/build-rootfs.sh, embedded in the binary).
 rootfs: deps bin/safe-run
-	SAFE_RUN=$(CURDIR)/bin/safe-run scripts/build-rootfs.sh
+	bin/safe-run image build default
 
 demo: deps build runsc rootfs
 	@echo

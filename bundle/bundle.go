@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 
@@ -78,6 +80,14 @@ type Config struct {
 	Agent string
 	// Env replaces DefaultEnv when set.
 	Env []string
+	// ImageEnv is the image's own environment, e.g. its PATH. Its
+	// variables override the others, except HOME and TMPDIR, which name
+	// the sandbox's writable places.
+	ImageEnv []string
+	// WorkingDir is the image's WORKDIR. The workspace is mounted there
+	// instead of at Workspace, so that code runs where the image expects;
+	// see Workdir for the directories it cannot be.
+	WorkingDir string
 	// KeepAlive makes the agent serve requests until its input ends, for a
 	// session, instead of exactly one.
 	KeepAlive bool
@@ -94,10 +104,8 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		l.OpenFiles <= 0 || l.FileSizeBytes <= 0 {
 		return nil, fmt.Errorf("build bundle: limits are incomplete: %+v", l)
 	}
-	env := cfg.Env
-	if env == nil {
-		env = DefaultEnv
-	}
+	env := environment(cfg)
+	workdir := Workdir(cfg.WorkingDir)
 	filter, err := seccomp.Profile()
 	if err != nil {
 		return nil, fmt.Errorf("build bundle: %w", err)
@@ -113,9 +121,9 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 		Root:    &specs.Root{Path: cfg.Rootfs, Readonly: true},
 		Process: &specs.Process{
 			User: specs.User{UID: 0, GID: 0},
-			Args: agentArgs(cfg.KeepAlive),
-			Env:  slices.Clone(env),
-			Cwd:  Workspace,
+			Args: agentArgs(workdir, cfg.KeepAlive),
+			Env:  env,
+			Cwd:  workdir,
 			// Nothing inheritable or ambient: the program, started by the
 			// agent as another user, ends up with no capability at all.
 			Capabilities: &specs.LinuxCapabilities{
@@ -132,7 +140,7 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 			},
 		},
 		Hostname: "sandbox",
-		Mounts:   mounts(l, cfg.Agent),
+		Mounts:   mounts(l, cfg.Agent, workdir),
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
@@ -154,15 +162,61 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 	}, nil
 }
 
-func agentArgs(keepAlive bool) []string {
-	args := []string{AgentPath, "--workdir", Workspace, "--uid", strconv.Itoa(UID), "--gid", strconv.Itoa(GID)}
+// environment is the sandbox's environment: the base one with the image's
+// variables over it.
+func environment(cfg Config) []string {
+	env := slices.Clone(cfg.Env)
+	if env == nil {
+		env = slices.Clone(DefaultEnv)
+	}
+	for _, kv := range cfg.ImageEnv {
+		name, _, ok := strings.Cut(kv, "=")
+		if !ok || name == "" || name == "HOME" || name == "TMPDIR" {
+			continue
+		}
+		i := slices.IndexFunc(env, func(e string) bool { return strings.HasPrefix(e, name+"=") })
+		if i >= 0 {
+			env[i] = kv
+		} else {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// systemDirs are directories a workspace mounted over would hide the
+// system of: an image whose WORKDIR is one of them runs in Workspace.
+var systemDirs = []string{"/bin", "/boot", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/opt", "/root", "/run", "/sbin", "/usr", "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/local", "/usr/local/bin", "/usr/local/lib", "/usr/sbin", "/usr/share", "/var"}
+
+// Workdir is where the workspace is mounted and code runs for an image
+// whose WORKDIR is imageDir: there, unless it is empty, relative, the root,
+// a system directory, or in conflict with another of the sandbox's mounts;
+// then Workspace.
+func Workdir(imageDir string) string {
+	dir := path.Clean(imageDir)
+	if imageDir == "" || !path.IsAbs(dir) || dir == "/" || slices.Contains(systemDirs, dir) {
+		return Workspace
+	}
+	for _, m := range mounts(sandbox.Limits{}, "/", Workspace) {
+		if m.Destination == Workspace {
+			continue
+		}
+		if dir == m.Destination || strings.HasPrefix(dir, m.Destination+"/") || strings.HasPrefix(m.Destination, dir+"/") {
+			return Workspace
+		}
+	}
+	return dir
+}
+
+func agentArgs(workdir string, keepAlive bool) []string {
+	args := []string{AgentPath, "--workdir", workdir, "--uid", strconv.Itoa(UID), "--gid", strconv.Itoa(GID)}
 	if !keepAlive {
 		args = append(args, "--one-shot")
 	}
 	return args
 }
 
-func mounts(l sandbox.Limits, agent string) []specs.Mount {
+func mounts(l sandbox.Limits, agent, workdir string) []specs.Mount {
 	size := func(n int64) string { return "size=" + strconv.FormatInt(n, 10) }
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
@@ -172,7 +226,7 @@ func mounts(l sandbox.Limits, agent string) []specs.Mount {
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		// The workspace belongs to the program's user, as a home would.
-		{Destination: Workspace, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755",
+		{Destination: workdir, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755",
 			"uid=" + strconv.Itoa(UID), "gid=" + strconv.Itoa(GID), size(l.WorkspaceBytes)}},
 		{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=1777", size(l.TmpBytes)}},
 		{Destination: AgentPath, Type: "bind", Source: agent, Options: []string{"bind", "ro", "nosuid", "nodev"}},
@@ -183,7 +237,7 @@ func mounts(l sandbox.Limits, agent string) []specs.Mount {
 // every image because the root is read-only: directories, and files (the
 // agent).
 func Mountpoints() (dirs, files []string) {
-	for _, m := range mounts(sandbox.Limits{}, "/") {
+	for _, m := range mounts(sandbox.Limits{}, "/", Workspace) {
 		if m.Type == "bind" {
 			files = append(files, m.Destination)
 		} else {

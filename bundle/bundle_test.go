@@ -65,15 +65,22 @@ func build(t *testing.T, job sandbox.Job, cfg bundle.Config) *specs.Spec {
 // profile. Run "go test ./bundle -update" to rewrite the files, then review
 // the difference before keeping it.
 func TestGolden(t *testing.T) {
+	imageConfig := testConfig
+	imageConfig.Rootfs = "/var/cache/safe-run/images/sha256-0123/rootfs"
+	imageConfig.ImageEnv = []string{"PATH=/usr/local/bin:/usr/bin:/bin", "PYTHON_VERSION=3.12.7", "HOME=/root", "LANG=en_US.UTF-8"}
+	imageConfig.WorkingDir = "/srv/app"
 	for _, tt := range []struct {
 		golden string
 		limits sandbox.Limits
+		cfg    bundle.Config
 	}{
-		{"python-default.golden.json", sandbox.Limits{}},
-		{"python-custom.golden.json", customLimits},
+		{"python-default.golden.json", sandbox.Limits{}, testConfig},
+		{"python-custom.golden.json", customLimits, testConfig},
+		// An image's environment and WORKDIR.
+		{"python-image.golden.json", sandbox.Limits{}, imageConfig},
 	} {
 		t.Run(tt.golden, func(t *testing.T) {
-			spec := build(t, checkedJob(t, tt.limits), testConfig)
+			spec := build(t, checkedJob(t, tt.limits), tt.cfg)
 			want, err := seccomp.Profile()
 			if err != nil {
 				t.Fatalf("seccomp.Profile: %v", err)
@@ -413,16 +420,21 @@ func checkSeccomp(t *testing.T, _ sandbox.Limits, spec *specs.Spec) {
 func TestBuildEnv(t *testing.T) {
 	job := checkedJob(t, sandbox.Limits{})
 	for _, tt := range []struct {
-		name string
-		env  []string
-		want []string
+		name  string
+		env   []string
+		image []string
+		want  []string
 	}{
-		{"default", nil, bundle.DefaultEnv},
-		{"replaced", []string{"PATH=/bin", "A=b"}, []string{"PATH=/bin", "A=b"}},
+		{"default", nil, nil, bundle.DefaultEnv},
+		{"replaced", []string{"PATH=/bin", "A=b"}, nil, []string{"PATH=/bin", "A=b"}},
+		{"image over replaced", []string{"PATH=/bin", "A=b"}, []string{"A=c", "HOME=/root", "TMPDIR=/var/tmp", "B=d=e", "novalue", "=x"},
+			[]string{"PATH=/bin", "A=c", "B=d=e"}},
+		{"image over default", nil, []string{"PATH=/opt/conda/bin:/usr/bin"},
+			append([]string{"PATH=/opt/conda/bin:/usr/bin"}, bundle.DefaultEnv[1:]...)},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := testConfig
-			cfg.Env = tt.env
+			cfg.Env, cfg.ImageEnv = tt.env, tt.image
 			spec := build(t, job, cfg)
 			if !slices.Equal(spec.Process.Env, tt.want) {
 				t.Errorf("Env = %q, want %q", spec.Process.Env, tt.want)
@@ -593,5 +605,55 @@ func TestKeepAliveAgentServesManyRequests(t *testing.T) {
 		if oneShot := slices.Contains(spec.Process.Args, "--one-shot"); oneShot == keep {
 			t.Errorf("KeepAlive %v: agent args %v", keep, spec.Process.Args)
 		}
+	}
+}
+
+func TestWorkdir(t *testing.T) {
+	for dir, want := range map[string]string{
+		"":                  bundle.Workspace,
+		"/":                 bundle.Workspace,
+		"relative":          bundle.Workspace,
+		"/usr":              bundle.Workspace,
+		"/usr/local":        bundle.Workspace,
+		"/tmp":              bundle.Workspace,
+		"/tmp/work":         bundle.Workspace,
+		"/dev":              bundle.Workspace,
+		"/proc/self":        bundle.Workspace,
+		"/.safe-run":        bundle.Workspace,
+		"/srv/app":          "/srv/app",
+		"/usr/src/app/":     "/usr/src/app",
+		"/home/jovyan":      "/home/jovyan",
+		"/workspace":        "/workspace",
+		"/srv/../data/work": "/data/work",
+	} {
+		if got := bundle.Workdir(dir); got != want {
+			t.Errorf("Workdir(%q) = %q, want %q", dir, got, want)
+		}
+	}
+}
+
+// TestBuildWorkingDir checks that the workspace, the agent's directory and
+// the process's directory all move to an image's WORKDIR together.
+func TestBuildWorkingDir(t *testing.T) {
+	cfg := testConfig
+	cfg.WorkingDir = "/srv/app"
+	spec := build(t, checkedJob(t, sandbox.Limits{}), cfg)
+	if spec.Process.Cwd != "/srv/app" {
+		t.Errorf("Cwd = %q", spec.Process.Cwd)
+	}
+	if i := slices.Index(spec.Process.Args, "--workdir"); i < 0 || spec.Process.Args[i+1] != "/srv/app" {
+		t.Errorf("agent args %q, want --workdir /srv/app", spec.Process.Args)
+	}
+	var found bool
+	for _, m := range spec.Mounts {
+		if m.Destination == bundle.Workspace {
+			t.Errorf("the workspace is still mounted at %s", bundle.Workspace)
+		}
+		if m.Destination == "/srv/app" && m.Type == "tmpfs" && slices.Contains(m.Options, "uid=65534") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("no workspace tmpfs at /srv/app: %+v", spec.Mounts)
 	}
 }

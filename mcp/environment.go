@@ -31,6 +31,8 @@ type Environment struct {
 	MaxLimits     LimitsInfo `json:"max_limits"`
 	// OutputFiles bounds the files returned from OutputDir.
 	OutputFiles sandbox.OutputFileLimits `json:"output_files"`
+	// Images are the images run_code may choose with its image argument.
+	Images []string `json:"images,omitempty"`
 }
 
 // SessionLimits describes the limits of sessions.
@@ -84,6 +86,7 @@ func ProbeEnvironment(ctx context.Context, runner sandbox.Runner, policy sandbox
 	env := Environment{
 		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir,
 		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi), OutputFiles: policy.OutputFileLimits(),
+		Images: policy.Images,
 	}
 	langs := policy.Languages
 	if len(langs) == 0 {

@@ -28,6 +28,7 @@ const outputDir = "out"
 type runCodeArgs struct {
 	SessionID      string      `json:"session_id"`
 	Language       string      `json:"language"`
+	Image          string      `json:"image"`
 	Code           string      `json:"code"`
 	TimeoutSeconds *float64    `json:"timeout_seconds"`
 	Stdin          string      `json:"stdin"`
@@ -99,10 +100,16 @@ func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
 		session = `
     "session_id": {"type": "string", "description": "run in this session (from create_session), keeping its state; omit for a fresh sandbox"},`
 	}
+	image := ""
+	if len(env.Images) > 0 {
+		allowed, _ := json.Marshal(env.Images)
+		image = fmt.Sprintf(`
+    "image": {"type": "string", "enum": %s, "description": "run in this image instead of the language's default one (see the environment resource)"},`, allowed)
+	}
 	input := fmt.Sprintf(`{
   "type": "object",
   "properties": {
-    "language": {"type": "string", "enum": %s, "description": "the language of code"},
+    "language": {"type": "string", "enum": %s, "description": "the language of code"},%s
     "code": {"type": "string", "description": "the program to run; it runs as a file in /workspace"},
     "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": %g,
       "description": "wall-clock limit in seconds (default %g)"},
@@ -116,7 +123,7 @@ func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
         "required": ["path", "content"]}}
   },
   "required": ["language", "code"]
-}`, names, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds, session)
+}`, names, image, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds, session)
 
 	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), json.RawMessage(input))
 	mcpgo.WithRawOutputSchema(json.RawMessage(outputSchema))(&tool)
@@ -135,14 +142,22 @@ func describeTool(env Environment, maxTimeout time.Duration) string {
 	d, of := env.DefaultLimits, env.OutputFiles
 	return fmt.Sprintf(`Run a program in a fresh, isolated sandbox (gVisor) and return its output.
 
-Languages: %s.
+Languages: %s.%s
 %s There is no network: nothing can be downloaded or installed, so use only what is listed above.
 The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
 To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). Images (PNG, JPEG, GIF, SVG) come back as images, other files as resources; at most %d files, %s each.
 Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
 Print results to stdout. A non-zero exit, an uncaught exception or a hit limit is reported as an error with the end of stderr.`,
-		env.describeLanguages(), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
+		env.describeLanguages(), describeImages(env), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
 		d.TimeoutSeconds, maxTimeout.Seconds(), sandbox.FormatBytes(d.MemoryBytes), d.Processes, sandbox.FormatBytes(d.OutputBytes))
+}
+
+// describeImages names the images run_code may choose, if any.
+func describeImages(env Environment) string {
+	if len(env.Images) == 0 {
+		return ""
+	}
+	return "\nImages: pass \"image\" to run in one of " + strings.Join(env.Images, ", ") + " instead of the default image; each has its own interpreters and packages, and no network either."
 }
 
 func statefulness(env Environment) string {
@@ -168,7 +183,7 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	if err := json.Unmarshal(data, &known); err != nil || known == nil {
 		return sandbox.Job{}, "", fmt.Errorf("arguments must be a JSON object with language and code")
 	}
-	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files", "session_id"}
+	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files", "session_id", "image"}
 	for name := range known {
 		if !slices.Contains(allowed, name) {
 			return sandbox.Job{}, "", fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
@@ -187,9 +202,12 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 		}
 		return sandbox.Job{}, "", fmt.Errorf("arguments: %v", err)
 	}
-	job := sandbox.Job{Language: args.Language, Code: args.Code, Stdin: []byte(args.Stdin), OutputDir: outputDir}
+	job := sandbox.Job{Language: args.Language, Code: args.Code, Image: args.Image, Stdin: []byte(args.Stdin), OutputDir: outputDir}
 	if args.SessionID != "" && h.cfg.Sessions == nil {
 		return sandbox.Job{}, "", fmt.Errorf("argument \"session_id\": this server offers no sessions")
+	}
+	if args.SessionID != "" && args.Image != "" {
+		return sandbox.Job{}, "", fmt.Errorf("argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
 	}
 	if t := args.TimeoutSeconds; t != nil {
 		d, err := h.timeout(*t)

@@ -16,15 +16,32 @@ import (
 
 // ExtractLimits bound what an archive may put on disk.
 type ExtractLimits struct {
-	// MaxBytes caps the total size of regular files.
+	// MaxBytes caps the total size of regular files written, over all
+	// layers of an image (files a later layer removes still count).
 	MaxBytes int64
+	// MaxFileBytes caps the size of one regular file; zero means MaxBytes.
+	MaxFileBytes int64
 	// MaxEntries caps the number of entries.
 	MaxEntries int
 }
 
 // DefaultExtractLimits suit a full distribution image with a data-science
-// stack (the default image is about 1.3 GiB in 60,000 entries).
-var DefaultExtractLimits = ExtractLimits{MaxBytes: 32 << 30, MaxEntries: 2_000_000}
+// stack (the default image is about 1.2 GiB in 45,000 entries) and keep a
+// hostile archive from filling the disk.
+var DefaultExtractLimits = ExtractLimits{MaxBytes: 8 << 30, MaxFileBytes: 2 << 30, MaxEntries: 2_000_000}
+
+func (l ExtractLimits) withDefaults() ExtractLimits {
+	if l.MaxBytes <= 0 {
+		l.MaxBytes = DefaultExtractLimits.MaxBytes
+	}
+	if l.MaxEntries <= 0 {
+		l.MaxEntries = DefaultExtractLimits.MaxEntries
+	}
+	if l.MaxFileBytes <= 0 || l.MaxFileBytes > l.MaxBytes {
+		l.MaxFileBytes = l.MaxBytes
+	}
+	return l
+}
 
 // ExtractStats says what an extraction wrote and what it refused to.
 type ExtractStats struct {
@@ -35,6 +52,8 @@ type ExtractStats struct {
 	// Stripped counts entries whose setuid or setgid bits (or, on files,
 	// sticky bit) were removed.
 	Stripped int
+	// Whiteouts counts paths removed by a later layer of an image.
+	Whiteouts int `json:",omitempty"`
 }
 
 // Extract unpacks a tar archive (plain or gzip-compressed) into the
@@ -50,23 +69,69 @@ type ExtractStats struct {
 // Ownership is kept when running as root. A failed extraction leaves dst in
 // an unspecified state; callers extract into a temporary directory.
 func Extract(r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error) {
-	var st ExtractStats
+	x, err := newExtractor(dst, limits)
+	if err != nil {
+		return ExtractStats{}, err
+	}
+	defer x.root.Close()
+	if err := x.archive(r, false); err != nil {
+		return *x.stats, err
+	}
+	return *x.stats, x.finishDirs()
+}
+
+// ExtractLayers unpacks the layers of an image, bottom first, into the
+// existing empty directory dst, as Extract does, and applies their OCI
+// whiteouts: a ".wh.NAME" entry removes NAME of the layers below, and
+// ".wh..wh..opq" empties its directory of them. The limits cover all layers
+// together. Each element of layers opens one layer's uncompressed tar
+// stream.
+func ExtractLayers(dst string, limits ExtractLimits, layers []func() (io.ReadCloser, error)) (ExtractStats, error) {
+	x, err := newExtractor(dst, limits)
+	if err != nil {
+		return ExtractStats{}, err
+	}
+	defer x.root.Close()
+	for i, open := range layers {
+		layer, err := open()
+		if err != nil {
+			return *x.stats, fmt.Errorf("layer %d of %d: %w", i+1, len(layers), err)
+		}
+		err = x.archive(layer, true)
+		if cerr := layer.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return *x.stats, fmt.Errorf("layer %d of %d: %w", i+1, len(layers), err)
+		}
+	}
+	return *x.stats, x.finishDirs()
+}
+
+func newExtractor(dst string, limits ExtractLimits) (*extractor, error) {
+	root, err := os.OpenRoot(dst)
+	if err != nil {
+		return nil, fmt.Errorf("extract: %w", err)
+	}
+	return &extractor{root: root, limits: limits.withDefaults(), stats: &ExtractStats{}, chown: os.Geteuid() == 0}, nil
+}
+
+// archive unpacks one tar stream; layered applies whiteouts.
+func (x *extractor) archive(r io.Reader, layered bool) error {
 	br := bufio.NewReaderSize(r, 1<<20)
 	var src io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return st, fmt.Errorf("extract: %w", err)
+			return fmt.Errorf("extract: %w", err)
 		}
 		defer zr.Close()
 		src = zr
 	}
-	root, err := os.OpenRoot(dst)
-	if err != nil {
-		return st, fmt.Errorf("extract: %w", err)
+	x.layer = nil
+	if layered {
+		x.layer = map[string]bool{}
 	}
-	defer root.Close()
-	x := extractor{root: root, limits: limits, stats: &st, chown: os.Geteuid() == 0}
 	tr := tar.NewReader(src)
 	for {
 		hdr, err := tr.Next()
@@ -74,15 +139,15 @@ func Extract(r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error
 			// Read the compressed stream to its end, so that its checksum
 			// and length are verified.
 			if _, err := io.Copy(io.Discard, src); err != nil {
-				return st, fmt.Errorf("extract: read archive: %w", err)
+				return fmt.Errorf("extract: read archive: %w", err)
 			}
-			return st, x.finishDirs()
+			return nil
 		}
 		if err != nil {
-			return st, fmt.Errorf("extract: read archive: %w", err)
+			return fmt.Errorf("extract: read archive: %w", err)
 		}
 		if err := x.entry(hdr, tr); err != nil {
-			return st, fmt.Errorf("extract %q: %w", hdr.Name, err)
+			return fmt.Errorf("extract %q: %w", hdr.Name, err)
 		}
 	}
 }
@@ -95,6 +160,9 @@ type extractor struct {
 	// dirModes are applied after the last entry: a read-only directory
 	// must still receive the entries listed after it.
 	dirModes map[string]fs.FileMode
+	// layer holds the paths the current image layer wrote and their
+	// parents, which its opaque whiteouts keep; nil outside images.
+	layer map[string]bool
 }
 
 // finishDirs gives every directory the archive listed its mode.
@@ -135,6 +203,16 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 	}
 	if x.stats.Entries+x.stats.Skipped >= x.limits.MaxEntries {
 		return fmt.Errorf("archive has more than %d entries", x.limits.MaxEntries)
+	}
+	if x.layer != nil {
+		if done, err := x.whiteout(name); done || err != nil {
+			return err
+		}
+		// The layer keeps the path and its parents from its own opaque
+		// whiteouts.
+		for p := name; p != "." && !x.layer[p]; p = path.Dir(p) {
+			x.layer[p] = true
+		}
 	}
 	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
 	if hdr.Mode&0o6000 != 0 || hdr.Typeflag != tar.TypeDir && hdr.Mode&0o1000 != 0 {
@@ -208,8 +286,11 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 // checks cached bytecode against it, and a read-only image cannot refresh
 // stale bytecode, so every import would compile from source again.
 func (x *extractor) regular(name string, hdr *tar.Header, mode fs.FileMode, body io.Reader) error {
-	if hdr.Size < 0 || x.stats.Bytes+hdr.Size > x.limits.MaxBytes {
-		return fmt.Errorf("archive holds more than %d bytes of files", x.limits.MaxBytes)
+	if hdr.Size < 0 || hdr.Size > x.limits.MaxFileBytes {
+		return fmt.Errorf("file of %d bytes is over the %d-byte limit of one file", hdr.Size, x.limits.MaxFileBytes)
+	}
+	if x.stats.Bytes+hdr.Size > x.limits.MaxBytes {
+		return fmt.Errorf("archive holds more than %d bytes of files, the limit of an image", x.limits.MaxBytes)
 	}
 	if err := x.prepare(name, false); err != nil {
 		return err
@@ -254,6 +335,61 @@ func (x *extractor) prepare(name string, isDir bool) error {
 	return x.root.RemoveAll(name)
 }
 
+// whiteoutPrefix marks an OCI layer entry that removes a path of the layers
+// below instead of adding one; opaqueWhiteout empties its directory.
+const (
+	whiteoutPrefix = ".wh."
+	opaqueWhiteout = ".wh..wh..opq"
+)
+
+// whiteout applies name if it is a whiteout entry, and says whether it was.
+func (x *extractor) whiteout(name string) (bool, error) {
+	dir, base := path.Split(name)
+	dir = path.Clean("./" + dir)
+	switch {
+	case base == opaqueWhiteout:
+		entries, err := x.readDir(dir)
+		if err != nil {
+			return true, err
+		}
+		for _, e := range entries {
+			child := path.Join(dir, e.Name())
+			if x.layer[child] {
+				continue
+			}
+			if err := x.root.RemoveAll(child); err != nil {
+				return true, err
+			}
+			x.stats.Whiteouts++
+		}
+		return true, nil
+	case strings.HasPrefix(base, whiteoutPrefix):
+		target := path.Join(dir, strings.TrimPrefix(base, whiteoutPrefix))
+		if _, err := x.root.Lstat(target); errors.Is(err, fs.ErrNotExist) {
+			return true, nil
+		}
+		if err := x.root.RemoveAll(target); err != nil {
+			return true, err
+		}
+		x.stats.Whiteouts++
+		return true, nil
+	}
+	return false, nil
+}
+
+// readDir lists dir below the root; a missing directory is empty.
+func (x *extractor) readDir(dir string) ([]fs.DirEntry, error) {
+	f, err := x.root.Open(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.ReadDir(-1)
+}
+
 // mkdirAll creates dir and its missing parents below root with mode 0755,
 // whatever the umask.
 func mkdirAll(root *os.Root, dir string) error {
@@ -267,6 +403,9 @@ func mkdirAll(root *os.Root, dir string) error {
 		return err
 	}
 	if err := root.Mkdir(dir, 0o755); err != nil {
+		if fi, lerr := root.Lstat(dir); lerr == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			return fmt.Errorf("%w: %q is a symbolic link out of the image root, not a directory to write into", ErrUnsafePath, dir)
+		}
 		return err
 	}
 	return root.Chmod(dir, 0o755)

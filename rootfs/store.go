@@ -12,10 +12,12 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -78,16 +80,79 @@ type Image struct {
 	Created time.Time `json:"created"`
 	// Stats says what the extraction wrote.
 	Stats ExtractStats `json:"stats"`
+	// ImageID is the digest of an OCI or Docker image's configuration;
+	// empty for a root file system archive.
+	ImageID string `json:"image_id,omitempty"`
+	// Config is what an OCI or Docker image asks of the processes run in
+	// it; nil for a root file system archive.
+	Config *ImageConfig `json:"config,omitempty"`
+	// Mountpoints were created in the root at import; every lookup checks
+	// that they are still there. Images imported before this field existed
+	// have none recorded.
+	Mountpoints *Mountpoints `json:"mountpoints,omitempty"`
 }
 
-var validKey = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+// ImageConfig is the part of an image's configuration sandboxes honour.
+type ImageConfig struct {
+	// Env is the image's environment, e.g. PATH=/usr/local/bin:/usr/bin.
+	Env []string `json:"env,omitempty"`
+	// WorkingDir is the image's WORKDIR: an absolute path, or empty.
+	WorkingDir string `json:"working_dir,omitempty"`
+	// User is the image's USER, kept for information only: sandboxes run
+	// programs as an unprivileged user of their own.
+	User string `json:"user,omitempty"`
+}
+
+var (
+	validKey = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,63}$`)
+	// A name is a plain name like "default" or an image reference like
+	// "registry.example:5000/team/python:3.12@sha256:…".
+	validName = regexp.MustCompile(`^[a-z0-9][a-zA-Z0-9._:/@+-]{0,199}$`)
+)
+
+// checkName reports whether name can name an image.
+func checkName(name string) error {
+	ok := validName.MatchString(name) && len(nameFile(name)) <= 250 // a file name's limit is 255
+	for _, part := range strings.Split(name, "/") {
+		ok = ok && part != "" && part != "." && part != ".."
+	}
+	if !ok {
+		return fmt.Errorf("invalid image name %q; use a name of lower-case letters, digits, '.', '_' and '-', or an image reference such as python:3.12-slim", name)
+	}
+	return nil
+}
+
+// nameFile is the file in names/ that holds name's key: the name itself,
+// with every byte other than [a-z0-9._-] escaped as %XX, so that "default"
+// is names/default and references such as "a/b:1" stay one file name.
+func nameFile(name string) string {
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
+
+// nameOfFile reverses nameFile; ok is false for other files.
+func nameOfFile(file string) (string, bool) {
+	name, err := url.PathUnescape(file)
+	if err != nil || checkName(name) != nil || nameFile(name) != file {
+		return "", false
+	}
+	return name, true
+}
 
 // Mountpoints are paths created in every imported image so that sandboxes
 // can mount over them: the runtime cannot create them later, because the
 // root is read-only and shared by every run.
 type Mountpoints struct {
-	Dirs  []string
-	Files []string
+	Dirs  []string `json:"dirs,omitempty"`
+	Files []string `json:"files,omitempty"`
 }
 
 // ImportOptions tune Import.
@@ -98,7 +163,9 @@ type ImportOptions struct {
 	Mountpoints Mountpoints
 	// Limits bound the extraction; zero means DefaultExtractLimits.
 	Limits ExtractLimits
-	// Progress, if set, is called as the archive is read.
+	// Progress, if set, is called as the archive is read or the image's
+	// layers are downloaded, with bytes done and the total (0 when not
+	// known in advance).
 	Progress func(done, total int64)
 }
 
@@ -106,8 +173,8 @@ type ImportOptions struct {
 // name at it. If an image with the same key is already complete, only the
 // name is updated. Imports of one store are serialised by a lock file.
 func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, error) {
-	if !validKey.MatchString(name) {
-		return Image{}, fmt.Errorf("import: invalid image name %q; use lower-case letters, digits, '.', '_' and '-'", name)
+	if err := checkName(name); err != nil {
+		return Image{}, fmt.Errorf("import: %w", err)
 	}
 	if opts.Key != "" && !validKey.MatchString(opts.Key) {
 		return Image{}, fmt.Errorf("import: invalid key %q", opts.Key)
@@ -117,6 +184,7 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 		return Image{}, err
 	}
 	defer unlock()
+	s.removeStaging()
 
 	img, err := s.image(opts.Key)
 	if opts.Key == "" || err != nil {
@@ -141,27 +209,13 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 	if err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
 	}
-	staging := filepath.Join(s.dir(), "staging")
-	if err := os.MkdirAll(staging, 0o755); err != nil {
-		return Image{}, fmt.Errorf("import: %w", err)
-	}
-	work, err := os.MkdirTemp(staging, "import-")
+	work, rootDir, err := s.newStaging()
 	if err != nil {
-		return Image{}, fmt.Errorf("import: %w", err)
+		return Image{}, err
 	}
-	defer os.RemoveAll(work) // after a successful rename, only the empty shell is left
+	defer os.RemoveAll(work) // after a successful rename, nothing is left
 
-	rootDir := filepath.Join(work, "rootfs")
-	if err := os.Mkdir(rootDir, 0o755); err != nil {
-		return Image{}, fmt.Errorf("import: %w", err)
-	}
-	if err := os.Chmod(rootDir, 0o755); err != nil { // whatever the umask
-		return Image{}, fmt.Errorf("import: %w", err)
-	}
 	limits := opts.Limits
-	if limits == (ExtractLimits{}) {
-		limits = DefaultExtractLimits
-	}
 	hash := sha256.New()
 	var r io.Reader = io.TeeReader(f, hash)
 	if opts.Progress != nil {
@@ -188,23 +242,60 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 		}
 	}
 	abs, _ := filepath.Abs(archivePath)
-	img := Image{Key: key, Source: abs, SourceSHA256: sum, Created: time.Now().UTC(), Stats: stats}
+	img := Image{Key: key, Source: abs, SourceSHA256: sum, Created: time.Now().UTC(), Stats: stats, Mountpoints: recorded(opts.Mountpoints)}
+	return s.install(work, img)
+}
+
+// recorded is mp as image.json records it: nil when empty.
+func recorded(mp Mountpoints) *Mountpoints {
+	if len(mp.Dirs) == 0 && len(mp.Files) == 0 {
+		return nil
+	}
+	return &mp
+}
+
+// newStaging creates a directory in staging/ holding an empty rootfs/ for
+// an import to fill; the caller removes it when done.
+func (s Store) newStaging() (work, rootDir string, err error) {
+	staging := filepath.Join(s.dir(), "staging")
+	if err := os.MkdirAll(staging, 0o755); err != nil {
+		return "", "", fmt.Errorf("import: %w", err)
+	}
+	if work, err = os.MkdirTemp(staging, "import-"); err != nil {
+		return "", "", fmt.Errorf("import: %w", err)
+	}
+	rootDir = filepath.Join(work, "rootfs")
+	if err := os.Mkdir(rootDir, 0o755); err == nil {
+		err = os.Chmod(rootDir, 0o755) // whatever the umask
+	}
+	if err != nil {
+		os.RemoveAll(work)
+		return "", "", fmt.Errorf("import: %w", err)
+	}
+	return work, rootDir, nil
+}
+
+// install completes an import: it writes the image's metadata into work,
+// last, as the mark of a complete image, and moves work into images/ in one
+// rename. Until then no lookup sees the image.
+func (s Store) install(work string, img Image) (Image, error) {
 	data, err := json.MarshalIndent(img, "", "  ")
 	if err != nil {
 		return Image{}, err
 	}
-	if err := os.WriteFile(filepath.Join(work, "image.json"), data, 0o644); err != nil {
+	if err := writeSynced(filepath.Join(work, "image.json"), data); err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
 	}
 	if err := os.Chmod(work, 0o755); err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
 	}
-	final := filepath.Join(s.dir(), "images", key)
+	final := filepath.Join(s.dir(), "images", img.Key)
 	if err := os.MkdirAll(filepath.Dir(final), 0o755); err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
 	}
-	// A leftover without image.json is an interrupted import: replace it.
-	if _, err := s.image(key); err != nil {
+	// A leftover that is not a complete image is an interrupted import or
+	// a damaged image: replace it.
+	if _, err := s.image(img.Key); err != nil {
 		if err := os.RemoveAll(final); err != nil {
 			return Image{}, fmt.Errorf("import: remove incomplete %s: %w", final, err)
 		}
@@ -214,6 +305,32 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 	}
 	img.Root = filepath.Join(final, "rootfs")
 	return img, nil
+}
+
+// writeSynced writes a file and flushes it to disk, so that a crash right
+// after cannot leave a complete-looking image with an empty image.json.
+func writeSynced(name string, data []byte) error {
+	f, err := os.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// removeStaging removes what imports that died left in staging/. The
+// caller holds the store's lock, so no import is in progress.
+func (s Store) removeStaging() {
+	entries, _ := os.ReadDir(filepath.Join(s.dir(), "staging"))
+	for _, e := range entries {
+		_ = os.RemoveAll(filepath.Join(s.dir(), "staging", e.Name()))
+	}
 }
 
 func makeMountpoints(root string, mp Mountpoints) error {
@@ -249,10 +366,10 @@ func makeMountpoints(root string, mp Mountpoints) error {
 
 // Lookup returns the complete image that name points to.
 func (s Store) Lookup(name string) (Image, error) {
-	if !validKey.MatchString(name) {
-		return Image{}, fmt.Errorf("invalid image name %q; use lower-case letters, digits, '.', '_' and '-'", name)
+	if err := checkName(name); err != nil {
+		return Image{}, err
 	}
-	key, err := os.ReadFile(filepath.Join(s.dir(), "names", name))
+	key, err := os.ReadFile(filepath.Join(s.dir(), "names", nameFile(name)))
 	if errors.Is(err, fs.ErrNotExist) {
 		return Image{}, &NotFoundError{Name: name, Dir: s.dir()}
 	}
@@ -274,26 +391,85 @@ func (s Store) List() ([]Image, error) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("list images: %w", err)
 	}
-	names, _ := os.ReadDir(filepath.Join(s.dir(), "names"))
+	names := s.names()
 	var out []Image
 	for _, e := range entries {
 		img, err := s.image(e.Name())
 		if err != nil {
 			continue
 		}
-		for _, n := range names {
-			if k, err := os.ReadFile(filepath.Join(s.dir(), "names", n.Name())); err == nil && string(k) == img.Key {
-				img.Names = append(img.Names, n.Name())
-			}
-		}
+		img.Names = names[img.Key]
 		out = append(out, img)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out, nil
 }
 
+// names maps each key to the names that point to it, sorted.
+func (s Store) names() map[string][]string {
+	files, _ := os.ReadDir(filepath.Join(s.dir(), "names"))
+	out := map[string][]string{}
+	for _, f := range files {
+		name, ok := nameOfFile(f.Name())
+		if !ok {
+			continue
+		}
+		if k, err := os.ReadFile(filepath.Join(s.dir(), "names", f.Name())); err == nil {
+			out[string(k)] = append(out[string(k)], name)
+		}
+	}
+	for _, n := range out {
+		sort.Strings(n)
+	}
+	return out
+}
+
+// Remove removes the name, and the image it pointed to once no other name
+// points to it. Sandboxes already running in the image must have ended:
+// its files are deleted.
+func (s Store) Remove(name string) (removed Image, err error) {
+	if err := checkName(name); err != nil {
+		return Image{}, err
+	}
+	unlock, err := s.lock()
+	if err != nil {
+		return Image{}, err
+	}
+	defer unlock()
+	file := filepath.Join(s.dir(), "names", nameFile(name))
+	key, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return Image{}, &NotFoundError{Name: name, Dir: s.dir()}
+	}
+	if err != nil {
+		return Image{}, fmt.Errorf("remove image %q: %w", name, err)
+	}
+	if err := os.Remove(file); err != nil {
+		return Image{}, fmt.Errorf("remove image %q: %w", name, err)
+	}
+	removed = Image{Key: string(key), Names: []string{name}}
+	if len(s.names()[string(key)]) > 0 || !validKey.Match(key) {
+		return removed, nil // still named
+	}
+	// Out of images/ in one rename, so that no lookup sees a half-deleted
+	// image, then deleted.
+	dir := filepath.Join(s.dir(), "images", string(key))
+	if err := os.MkdirAll(filepath.Join(s.dir(), "staging"), 0o755); err != nil {
+		return removed, fmt.Errorf("remove image %q: %w", name, err)
+	}
+	trash := filepath.Join(s.dir(), "staging", "removed-"+string(key))
+	if err := os.Rename(dir, trash); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return removed, fmt.Errorf("remove image %q: %w", name, err)
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return removed, fmt.Errorf("remove image %q: %w", name, err)
+	}
+	removed.Root = filepath.Join(dir, "rootfs")
+	return removed, nil
+}
+
 // image reads the metadata of the image with key; it fails for an image
-// whose import did not finish.
+// whose import did not finish, or whose root lost a mountpoint.
 func (s Store) image(key string) (Image, error) {
 	if !validKey.MatchString(key) {
 		return Image{}, fmt.Errorf("invalid image key %q", key)
@@ -311,7 +487,34 @@ func (s Store) image(key string) (Image, error) {
 	if fi, err := os.Stat(img.Root); err != nil || !fi.IsDir() {
 		return Image{}, fmt.Errorf("image %s has no root directory; re-import it", key)
 	}
+	if err := img.checkMountpoints(); err != nil {
+		return Image{}, fmt.Errorf("image %s is damaged: %w; re-import it", key, err)
+	}
 	return img, nil
+}
+
+// checkMountpoints checks that the root still has the mountpoints its
+// import created: cheap, and a sandbox cannot start without them.
+func (img Image) checkMountpoints() error {
+	if img.Mountpoints == nil {
+		return nil
+	}
+	root, err := os.OpenRoot(img.Root)
+	if err != nil {
+		return err
+	}
+	defer root.Close()
+	for _, d := range img.Mountpoints.Dirs {
+		if fi, err := root.Stat(filepath.Clean("./" + d)); err != nil || !fi.IsDir() {
+			return fmt.Errorf("directory %s is missing", d)
+		}
+	}
+	for _, f := range img.Mountpoints.Files {
+		if fi, err := root.Lstat(filepath.Clean("./" + f)); err != nil || !fi.Mode().IsRegular() {
+			return fmt.Errorf("file %s is missing", f)
+		}
+	}
+	return nil
 }
 
 func (s Store) setName(name, key string) error {
@@ -319,11 +522,12 @@ func (s Store) setName(name, key string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("name image: %w", err)
 	}
-	tmp := filepath.Join(dir, "."+name+".tmp")
+	file := nameFile(name)
+	tmp := filepath.Join(dir, "."+file+".tmp")
 	if err := os.WriteFile(tmp, []byte(key), 0o644); err != nil {
 		return fmt.Errorf("name image: %w", err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+	if err := os.Rename(tmp, filepath.Join(dir, file)); err != nil {
 		return fmt.Errorf("name image: %w", err)
 	}
 	return nil
@@ -351,8 +555,11 @@ type NotFoundError struct {
 }
 
 func (e *NotFoundError) Error() string {
-	if e.Name == DefaultName {
-		return fmt.Sprintf("the default image is not in %s; build it with `make rootfs` (as root), or import an archive with `safe-run image import --name default FILE`", e.Dir)
+	switch {
+	case e.Name == DefaultName:
+		return fmt.Sprintf("the default image is not in %s; build it with `safe-run image build default` or `make rootfs` (as root), or import an archive with `safe-run image import --name default FILE`", e.Dir)
+	case strings.ContainsAny(e.Name, ":/@"):
+		return fmt.Sprintf("no image named %q in %s; pull it with `safe-run image pull %s`, or import an archive with `safe-run image import --name %s FILE`", e.Name, e.Dir, e.Name, e.Name)
 	}
 	return fmt.Sprintf("no image named %q in %s; import one with `safe-run image import --name %s FILE`", e.Name, e.Dir, e.Name)
 }

@@ -459,7 +459,9 @@ func TestStoreIncompleteImage(t *testing.T) {
 func TestStoreInvalidNames(t *testing.T) {
 	archive := writeArchive(t, imageEntries...)
 	bad := []string{"../x", "UPPER", "a/b", ".hidden", "-dash", "a b", "x\n", strings.Repeat("a", 65)}
-	for _, name := range append(bad, "") {
+	// Names may be image references, with '/' and ':', but never a path.
+	badNames := []string{"../x", "UPPER", "a//b", "a/../b", "a/./b", "a/", ".hidden", "-dash", "a b", "x\n", "a\\b", strings.Repeat("a", 201), "a" + strings.Repeat(":", 100)}
+	for _, name := range append(badNames, "") {
 		t.Run("name "+name, func(t *testing.T) {
 			s := newStore(t)
 			if _, err := s.Import(name, archive, ImportOptions{Key: "k"}); err == nil {

@@ -173,7 +173,11 @@ func removeStalePartials(dir, key string) {
 // the image's root directory), the language and its preloads, and the
 // exact agent and runsc binaries.
 func (p *pool) checkpointKey(pl *poolLang) (string, error) {
-	spec, err := bundle.Build(pl.job, bundle.Config{Rootfs: p.rt.cfg.Rootfs, Agent: p.rt.cfg.Agent})
+	cfg, err := p.rt.bundleConfig(pl.job, false)
+	if err != nil {
+		return "", err
+	}
+	spec, err := bundle.Build(pl.job, cfg)
 	if err != nil {
 		return "", err
 	}

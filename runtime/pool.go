@@ -138,7 +138,8 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl := p.langs[job.Language]
-	if pl == nil || p.closed || !sameBundle(job.Limits, pl.job.Limits) {
+	// A job that names an image of its own runs in a sandbox of that image.
+	if pl == nil || p.closed || !sameBundle(job.Limits, pl.job.Limits) || job.Image != pl.job.Image {
 		return nil
 	}
 	if p.cfg.OnDemand {

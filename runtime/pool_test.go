@@ -177,3 +177,28 @@ func TestPoolOnlyForItsLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPoolOnlyForItsImage checks that a job naming an image of its own
+// starts cold in that image, leaving the pool's sandbox, of the language's
+// image, alone.
+func TestPoolOnlyForItsImage(t *testing.T) {
+	rt := newTestRuntimeWith(t, func(cfg *Config) {
+		cfg.Pool = PoolConfig{Size: map[string]int{"bash": 1}}
+		cfg.Policy.Images = []string{"other"}
+		rootfs := cfg.Rootfs
+		cfg.Images = func(ref string) (Image, error) {
+			return Image{Rootfs: rootfs, Env: []string{"GREETING=from-" + ref}}, nil
+		}
+	})
+	pooled := waitPooled(t, rt, "bash")
+	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: `echo "$GREETING"`, Image: "other"})
+	wantStatus(t, res, sandbox.StatusOK)
+	if res.SandboxID == pooled || res.Stdout != "from-other\n" {
+		t.Fatalf("a job naming its own image ran in %s (pooled %s) with output %q", res.SandboxID, pooled, res.Stdout)
+	}
+	res = mustRun(t, rt, sandbox.Job{Language: "bash", Code: `echo "$GREETING"`})
+	wantStatus(t, res, sandbox.StatusOK)
+	if res.SandboxID != pooled || res.Stdout != "\n" {
+		t.Fatalf("a job of the language's image ran in %s (pooled %s) with output %q", res.SandboxID, pooled, res.Stdout)
+	}
+}

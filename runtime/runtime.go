@@ -23,6 +23,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -32,8 +33,12 @@ type Config struct {
 	Runsc string
 	// Agent is the host path of the safe-run-agent binary.
 	Agent string
-	// Rootfs is the host path of the image's root directory.
+	// Rootfs is the host path of the root directory of the image jobs run
+	// in unless they or their language name another.
 	Rootfs string
+	// Images finds the image a job names (Job.Image, else its language's
+	// Image) by reference; nil means jobs can only run in Rootfs.
+	Images ImageResolver
 	// StateDir holds one directory per live run; empty means
 	// DefaultStateDir(). It must be on a local file system.
 	StateDir string
@@ -53,6 +58,48 @@ type Config struct {
 	Pool PoolConfig
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+}
+
+// Image is what a sandbox needs of an image.
+type Image struct {
+	// Rootfs is the host path of the image's root directory.
+	Rootfs string
+	// Env is the image's environment, e.g. its PATH.
+	Env []string
+	// WorkingDir is the image's WORKDIR, or empty.
+	WorkingDir string
+}
+
+// ImageResolver finds an image by reference, e.g. "python:3.12-slim".
+type ImageResolver func(ref string) (Image, error)
+
+// image returns the image job runs in: the one it names, else its
+// language's, else the default one (Config.Rootfs).
+func (rt *Runtime) image(job sandbox.Job) (Image, error) {
+	ref := job.Image
+	if ref == "" {
+		lang, _ := rt.cfg.Policy.Language(job.Language)
+		ref = lang.Image
+	}
+	if ref == "" || rt.cfg.Images == nil {
+		return Image{Rootfs: rt.cfg.Rootfs}, nil
+	}
+	img, err := rt.cfg.Images(ref)
+	if err != nil {
+		return Image{}, fmt.Errorf("image %s: %w", ref, err)
+	}
+	return img, nil
+}
+
+// bundleConfig is the bundle configuration of a sandbox for job: its
+// image's root, environment and WORKDIR, and the agent.
+func (rt *Runtime) bundleConfig(job sandbox.Job, keepAlive bool) (bundle.Config, error) {
+	img, err := rt.image(job)
+	if err != nil {
+		return bundle.Config{}, err
+	}
+	return bundle.Config{Rootfs: img.Rootfs, ImageEnv: img.Env, WorkingDir: img.WorkingDir,
+		Agent: rt.cfg.Agent, KeepAlive: keepAlive}, nil
 }
 
 // DefaultStateDir is /run/safe-run for root and $XDG_RUNTIME_DIR/safe-run

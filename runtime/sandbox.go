@@ -81,7 +81,11 @@ func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (
 
 func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 	rt := p.rt
-	spec, err := bundle.Build(job, bundle.Config{Rootfs: rt.cfg.Rootfs, Agent: rt.cfg.Agent, KeepAlive: !oneShot})
+	cfg, err := rt.bundleConfig(job, !oneShot)
+	if err != nil {
+		return err
+	}
+	spec, err := bundle.Build(job, cfg)
 	if err != nil {
 		return err
 	}

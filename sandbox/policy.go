@@ -22,6 +22,9 @@ type Language struct {
 	// language use ("python", "node" or "bash"); empty means the language
 	// has no sessions.
 	Interpreter string `json:"interpreter,omitempty"`
+	// Image is the image the language runs in, e.g. "ruby:3.3"; empty
+	// means the runner's default image.
+	Image string `json:"image,omitempty"`
 }
 
 // DefaultLanguages are the languages of the default image.
@@ -48,6 +51,9 @@ type Policy struct {
 	// OutputFiles bounds what comes back from a job's OutputDir; zero
 	// fields take DefaultOutputFiles'.
 	OutputFiles OutputFileLimits
+	// Images are the images a job may ask for by Job.Image, besides its
+	// language's own.
+	Images []string
 }
 
 // OutputFileLimits bound the files a run returns.
@@ -107,6 +113,56 @@ func (p Policy) Language(name string) (Language, bool) {
 	return p.languages()[i], true
 }
 
+// MergeLanguages returns base with each of extra added, or replacing the
+// language of the same name. A replacement keeps the filename and command
+// it leaves out, and the interpreter when it keeps the command: mapping
+// python to another image is {"name": "python", "image": "python:3.12"}.
+func MergeLanguages(base, extra []Language) []Language {
+	out := slices.Clone(base)
+	for _, l := range extra {
+		if i := slices.IndexFunc(out, func(b Language) bool { return b.Name == l.Name }); i >= 0 {
+			if l.Filename == "" {
+				l.Filename = out[i].Filename
+			}
+			if len(l.Command) == 0 {
+				l.Command = out[i].Command
+			}
+			if l.Interpreter == "" && slices.Equal(l.Command, out[i].Command) {
+				l.Interpreter = out[i].Interpreter
+			}
+			out[i] = l
+			continue
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// CheckLanguages reports a language table that cannot run code: names
+// missing or repeated, commands or filenames missing or unsafe.
+func CheckLanguages(langs []Language) error {
+	seen := map[string]bool{}
+	for _, l := range langs {
+		switch {
+		case l.Name == "":
+			return fmt.Errorf("a language has no name")
+		case seen[l.Name]:
+			return fmt.Errorf("language %q is given twice", l.Name)
+		case len(l.Command) == 0 || l.Command[0] == "":
+			return fmt.Errorf("language %q has no command; give one such as [\"ruby\", \"main.rb\"]", l.Name)
+		case l.Filename == "":
+			return fmt.Errorf("language %q has no filename; give the file its code is written to, such as main.rb", l.Name)
+		case l.Interpreter != "" && !slices.Contains([]string{"python", "node", "bash"}, l.Interpreter):
+			return fmt.Errorf("language %q: interpreter %q is not one of python, node, bash; leave it out to run without sessions", l.Name, l.Interpreter)
+		}
+		if err := CheckPath(l.Filename); err != nil {
+			return fmt.Errorf("language %q: %v", l.Name, err)
+		}
+		seen[l.Name] = true
+	}
+	return nil
+}
+
 // Limits returns the default, minimum and maximum limits of the policy. A
 // default above the policy's maximum is lowered to it, so that a policy with
 // a small maximum does not refuse every job that asks for nothing.
@@ -135,6 +191,12 @@ func (p Policy) Check(job Job) (Job, Language, error) {
 			return job, lang, &InputError{Field: "language", Msg: "no language given; use one of " + strings.Join(names, ", ")}
 		}
 		return job, lang, &InputError{Field: "language", Msg: fmt.Sprintf("%q is not available; use one of %s", job.Language, strings.Join(names, ", "))}
+	}
+	if job.Image != "" && job.Image != lang.Image && !slices.Contains(p.Images, job.Image) {
+		if len(p.Images) == 0 {
+			return job, lang, &InputError{Field: "image", Msg: fmt.Sprintf("%q is not allowed: no image may be chosen here; leave it out", job.Image)}
+		}
+		return job, lang, &InputError{Field: "image", Msg: fmt.Sprintf("%q is not allowed; use one of %s, or leave it out", job.Image, strings.Join(p.Images, ", "))}
 	}
 	maxCode := p.MaxCodeBytes
 	if maxCode == 0 {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -520,5 +521,83 @@ func TestCheckPath(t *testing.T) {
 				t.Errorf("CheckPath(%q) = %q, want it to contain %q", tt.path, err, tt.msg)
 			}
 		})
+	}
+}
+
+func TestPolicyCheckImage(t *testing.T) {
+	ruby := sandbox.Language{Name: "ruby", Filename: "main.rb", Command: []string{"ruby", "main.rb"}, Image: "ruby:3.3"}
+	p := sandbox.Policy{Languages: append(slices.Clone(sandbox.DefaultLanguages), ruby), Images: []string{"python:3.12-slim", "team/ds:1"}}
+	tests := []struct {
+		lang, image string
+		wantErr     string
+	}{
+		{"python", "", ""},
+		{"python", "python:3.12-slim", ""},
+		{"bash", "team/ds:1", ""},
+		{"ruby", "ruby:3.3", ""}, // the language's own image needs no listing
+		{"python", "ruby:3.3", `"ruby:3.3" is not allowed; use one of python:3.12-slim, team/ds:1`},
+		{"python", "evil:latest", "not allowed"},
+	}
+	for _, tt := range tests {
+		job, _, err := p.Check(sandbox.Job{Language: tt.lang, Code: "x", Image: tt.image})
+		if tt.wantErr == "" {
+			if err != nil || job.Image != tt.image {
+				t.Errorf("Check(%s in %q) = %v, image %q", tt.lang, tt.image, err, job.Image)
+			}
+			continue
+		}
+		var in *sandbox.InputError
+		if !errors.As(err, &in) || in.Field != "image" || !strings.Contains(in.Msg, tt.wantErr) {
+			t.Errorf("Check(%s in %q) = %v, want an image error containing %q", tt.lang, tt.image, err, tt.wantErr)
+		}
+	}
+	var in *sandbox.InputError
+	if _, _, err := (sandbox.Policy{}).Check(sandbox.Job{Language: "python", Code: "x", Image: "python:3.12-slim"}); !errors.As(err, &in) || !strings.Contains(in.Msg, "no image may be chosen") {
+		t.Errorf("Check with no images allowed = %v", err)
+	}
+}
+
+func TestMergeLanguages(t *testing.T) {
+	got := sandbox.MergeLanguages(sandbox.DefaultLanguages, []sandbox.Language{
+		{Name: "python", Image: "python:3.12-slim"},
+		{Name: "ruby", Filename: "main.rb", Command: []string{"ruby", "main.rb"}, Image: "ruby:3.3"},
+		{Name: "bash", Command: []string{"sh", "main.sh"}},
+	})
+	if err := sandbox.CheckLanguages(got); err != nil {
+		t.Fatalf("sandbox.CheckLanguages: %v", err)
+	}
+	want := []sandbox.Language{
+		{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}, Interpreter: "python", Image: "python:3.12-slim"},
+		sandbox.DefaultLanguages[1],
+		{Name: "bash", Filename: "main.sh", Command: []string{"sh", "main.sh"}},
+		{Name: "ruby", Filename: "main.rb", Command: []string{"ruby", "main.rb"}, Image: "ruby:3.3"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("sandbox.MergeLanguages =\n%+v\nwant\n%+v", got, want)
+	}
+	if sandbox.DefaultLanguages[0].Image != "" {
+		t.Error("sandbox.MergeLanguages changed sandbox.DefaultLanguages")
+	}
+}
+
+func TestCheckLanguages(t *testing.T) {
+	ok := sandbox.Language{Name: "ruby", Filename: "main.rb", Command: []string{"ruby", "main.rb"}}
+	tests := []struct {
+		name string
+		lang sandbox.Language
+		want string
+	}{
+		{"no name", sandbox.Language{Filename: "a", Command: []string{"a"}}, "no name"},
+		{"no command", sandbox.Language{Name: "x", Filename: "a"}, "no command"},
+		{"no filename", sandbox.Language{Name: "x", Command: []string{"x"}}, "no filename"},
+		{"escaping filename", sandbox.Language{Name: "x", Filename: "../a", Command: []string{"x"}}, "leaves the workspace"},
+		{"unknown interpreter", sandbox.Language{Name: "x", Filename: "a", Command: []string{"x"}, Interpreter: "ruby"}, "not one of"},
+		{"twice", ok, "twice"},
+	}
+	for _, tt := range tests {
+		err := sandbox.CheckLanguages([]sandbox.Language{ok, tt.lang})
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: sandbox.CheckLanguages = %v, want an error containing %q", tt.name, err, tt.want)
+		}
 	}
 }

@@ -26,6 +26,9 @@ type Runner interface {
 type Job struct {
 	// Language names an entry of the runner's language table, e.g. "python".
 	Language string
+	// Image names the image to run in instead of the language's own; the
+	// policy must allow it (see Policy.Images).
+	Image string
 	// Code is the program text. It is written to the language's file in the
 	// workspace and run from there.
 	Code string

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"encoding/json"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // hostFlags are the settings that say where safe-run finds its parts on
@@ -16,6 +21,7 @@ import (
 // unset, runsc and the agent are looked for next to the safe-run binary.
 type hostFlags struct {
 	runsc, agent, cacheDir, image, stateDir, platform, debugLogDir string
+	languages                                                      []sandbox.Language
 }
 
 // hostEnv names the environment variable of each host flag.
@@ -27,13 +33,16 @@ var hostEnv = map[string]string{
 	"state-dir":     "SAFE_RUN_STATE_DIR",
 	"platform":      "SAFE_RUN_PLATFORM",
 	"debug-log-dir": "SAFE_RUN_DEBUG_LOG_DIR",
+	"languages":     "SAFE_RUN_LANGUAGES",
 }
 
 func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.runsc, "runsc", "", "runsc binary (default: runsc next to safe-run, then in PATH)")
 	fs.StringVar(&h.agent, "agent", "", "safe-run-agent binary (default: next to safe-run)")
 	fs.StringVar(&h.cacheDir, "cache-dir", rootfs.DefaultDir(), "image cache directory")
-	fs.StringVar(&h.image, "image", rootfs.DefaultName, "name of the image to run in")
+	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
+	h.languages = sandbox.DefaultLanguages
+	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
 	fs.StringVar(&h.stateDir, "state-dir", runtime.DefaultStateDir(), "directory for per-run state")
 	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
 	fs.StringVar(&h.debugLogDir, "debug-log-dir", "", "keep runsc debug logs below this directory")
@@ -82,26 +91,93 @@ func besideExecutable(name string) string {
 	return p
 }
 
-// runtimeConfig resolves the flags into a runtime configuration, looking up
-// the image.
+// languageTable is the configured languages, each with its image: its own,
+// or the --image one.
+func (h *hostFlags) languageTable() []sandbox.Language {
+	langs := slices.Clone(h.languages)
+	for i := range langs {
+		if langs[i].Image == "" {
+			langs[i].Image = h.image
+		}
+	}
+	return langs
+}
+
+// runtimeConfig resolves the flags into a runtime configuration, checking
+// that the image and those of the languages are in the cache. Its policy
+// has the language table; callers add the rest.
 func (h *hostFlags) runtimeConfig() (runtime.Config, error) {
 	if err := runtime.CheckPrivileges(); err != nil {
 		return runtime.Config{}, err
 	}
-	img, err := h.store().Lookup(h.image)
+	store := h.store()
+	img, err := store.Lookup(h.image)
 	if err != nil {
 		return runtime.Config{}, err
+	}
+	langs := h.languageTable()
+	for _, l := range langs {
+		if _, err := store.Lookup(l.Image); err != nil {
+			return runtime.Config{}, fmt.Errorf("language %s: %w", l.Name, err)
+		}
 	}
 	runsc, _ := h.runscPath()
 	return runtime.Config{
 		Runsc:       runsc,
 		Agent:       h.agentPath(),
 		Rootfs:      img.Root,
+		Images:      storeImages(store),
 		StateDir:    h.stateDir,
 		Platform:    h.platform,
+		Policy:      sandbox.Policy{Languages: langs},
 		DebugLogDir: h.debugLogDir,
 		Logger:      newLogger(),
 	}, nil
+}
+
+// storeImages resolves image references to images of the store, looked up
+// for every run: a re-pulled or removed image takes effect at once.
+func storeImages(store rootfs.Store) runtime.ImageResolver {
+	return func(ref string) (runtime.Image, error) {
+		img, err := store.Lookup(ref)
+		if err != nil {
+			return runtime.Image{}, err
+		}
+		out := runtime.Image{Rootfs: img.Root}
+		if img.Config != nil {
+			out.Env, out.WorkingDir = img.Config.Env, img.Config.WorkingDir
+		}
+		return out, nil
+	}
+}
+
+// languagesFlag is a JSON list of languages merged into the defaults (see
+// sandbox.MergeLanguages).
+type languagesFlag struct{ langs *[]sandbox.Language }
+
+func (f languagesFlag) String() string {
+	if f.langs == nil || slices.EqualFunc(*f.langs, sandbox.DefaultLanguages, func(a, b sandbox.Language) bool {
+		return a.Name == b.Name && a.Image == b.Image && slices.Equal(a.Command, b.Command)
+	}) {
+		return ""
+	}
+	data, _ := json.Marshal(*f.langs)
+	return string(data)
+}
+
+func (f languagesFlag) Set(v string) error {
+	var extra []sandbox.Language
+	dec := json.NewDecoder(strings.NewReader(v))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&extra); err != nil {
+		return fmt.Errorf("not a JSON list of languages (name, image, command, filename, interpreter): %v", err)
+	}
+	merged := sandbox.MergeLanguages(sandbox.DefaultLanguages, extra)
+	if err := sandbox.CheckLanguages(merged); err != nil {
+		return err
+	}
+	*f.langs = merged
+	return nil
 }
 
 // imageMountpoints are the paths every image needs for the sandbox's mounts.

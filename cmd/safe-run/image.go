@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -17,12 +21,22 @@ import (
 const imageUsage = `Usage: safe-run image COMMAND [flags]
 
 Commands:
-  import --name NAME [--key KEY] FILE   extract a root file system archive (tar or tar.gz) into the cache
-  ls [--json]                           list the images in the cache
-  dir                                   print the cache directory
-  check --name NAME [--key KEY]         exit 0 if NAME is imported (and has KEY)
+  pull [--name NAME] REF              download an image from a registry (credentials from ~/.docker/config.json)
+  import [--name NAME] [--key KEY] FILE
+                                      import a docker save archive, an OCI layout (archive or directory),
+                                      or a root file system tar (.tar or .tar.gz)
+  build default                       build the default image with its recipe (needs root and debootstrap)
+  ls [--json]                         list the images in the cache
+  rm NAME...                          remove names, and images no name points to any more
+  dir                                 print the cache directory
+  check [--name NAME] [--key KEY]     exit 0 if NAME is in the cache, complete (and has KEY)
 
-The default image is built by scripts/build-rootfs.sh (make rootfs).
+An image is named by REF when pulled, by its archive's tag when imported (or
+"default" for a root file system tar), unless --name says otherwise. Images
+are flattened into read-only root directories; runs pick one with --image.
+
+Flags (all commands): --cache-dir DIR, --json, --max-size SIZE (all files of an
+image, default 8GiB), --max-file-size SIZE (one file, default 2GiB).
 `
 
 func cmdImage(args []string) int {
@@ -34,20 +48,78 @@ func cmdImage(args []string) int {
 		return 0
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), imageUsage) }
 	cacheDir := fs.String("cache-dir", "", "image cache directory (env SAFE_RUN_CACHE; default "+rootfs.DefaultDir()+")")
-	name := fs.String("name", rootfs.DefaultName, "image name")
-	key := fs.String("key", "", "content key (import: default the archive's SHA-256)")
+	name := fs.String("name", "", "image name")
+	key := fs.String("key", "", "content key of a root file system archive (import: default the archive's SHA-256)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if code, done := parseFlags(fs, args[1:]); done {
-		return code
+	limits := rootfs.DefaultExtractLimits
+	fs.Var(sizeFlag{&limits.MaxBytes}, "max-size", "most bytes of files in one image")
+	fs.Var(sizeFlag{&limits.MaxFileBytes}, "max-file-size", "largest file in an image")
+	// Flags may come after the operands too: image pull REF --json.
+	var operands []string
+	for rest := args[1:]; ; {
+		if code, done := parseFlags(fs, rest); done {
+			return code
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		operands = append(operands, fs.Arg(0))
+		rest = fs.Args()[1:]
 	}
 	store := rootfs.Store{Dir: *cacheDir}
+	opts := rootfs.ImportOptions{Key: *key, Mountpoints: imageMountpoints(), Limits: limits}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	switch args[0] {
+	case "pull":
+		if len(operands) != 1 {
+			return fail(usageError("image pull takes one image reference, e.g. python:3.12-slim"))
+		}
+		ref := operands[0]
+		if *name == "" {
+			*name = ref
+		}
+		progress := newProgress("pulling " + ref)
+		opts.Progress = progress.update
+		start := time.Now()
+		img, err := store.Pull(ctx, *name, ref, opts)
+		progress.done()
+		if err != nil {
+			return fail(err)
+		}
+		return imageDone(img, *name, time.Since(start), *asJSON)
 	case "import":
-		if fs.NArg() != 1 {
+		if len(operands) != 1 {
 			return fail(usageError("image import takes one archive FILE"))
 		}
-		return imageImport(store, *name, *key, fs.Arg(0), *asJSON)
+		progress := newProgress("extracting " + operands[0])
+		opts.Progress = progress.update
+		start := time.Now()
+		img, err := store.ImportFile(ctx, *name, operands[0], opts)
+		progress.done()
+		if err != nil {
+			return fail(err)
+		}
+		return imageDone(img, img.Names[0], time.Since(start), *asJSON)
+	case "build":
+		if len(operands) != 1 || operands[0] != rootfs.DefaultName {
+			return fail(usageError("image build takes the name of a recipe; the only one is: default"))
+		}
+		progress := newProgress("extracting the default image")
+		opts.Progress = progress.update
+		start := time.Now()
+		img, built, err := store.BuildDefault(ctx, opts, os.Stderr)
+		progress.done()
+		if err != nil {
+			return fail(err)
+		}
+		if !built && !*asJSON {
+			fmt.Fprintf(os.Stderr, "the default image %s is up to date\n", img.Key)
+			return 0
+		}
+		return imageDone(img, rootfs.DefaultName, time.Since(start), *asJSON)
 	case "ls":
 		imgs, err := store.List()
 		if err != nil {
@@ -57,16 +129,37 @@ func cmdImage(args []string) int {
 			return printJSON(map[string]any{"cache_dir": store.Path(), "images": imgs})
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMES\tKEY\tSIZE\tCREATED")
+		fmt.Fprintln(tw, "NAMES\tKEY\tSIZE\tCREATED\tSOURCE")
 		for _, img := range imgs {
-			fmt.Fprintf(tw, "%v\t%s\t%s\t%s\n", img.Names, img.Key, sandbox.FormatBytes(img.Stats.Bytes), img.Created.Format(time.DateTime))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.Join(img.Names, ","), img.Key, sandbox.FormatBytes(img.Stats.Bytes),
+				img.Created.Format(time.DateTime), img.Source)
 		}
 		tw.Flush()
 		return 0
+	case "rm":
+		if len(operands) == 0 {
+			return fail(usageError("image rm takes the names to remove"))
+		}
+		code := 0
+		for _, n := range operands {
+			removed, err := store.Remove(n)
+			switch {
+			case err != nil:
+				code = fail(err)
+			case removed.Root != "":
+				fmt.Fprintf(os.Stderr, "removed %s and its image %s\n", n, removed.Key)
+			default:
+				fmt.Fprintf(os.Stderr, "removed %s; image %s keeps its other names\n", n, removed.Key)
+			}
+		}
+		return code
 	case "dir":
 		fmt.Println(store.Path())
 		return 0
 	case "check":
+		if *name == "" {
+			*name = rootfs.DefaultName
+		}
 		img, err := store.Lookup(*name)
 		if err != nil {
 			return fail(err)
@@ -80,22 +173,13 @@ func cmdImage(args []string) int {
 	return fail(usageError("unknown image command %q; see `safe-run image -h`", args[0]))
 }
 
-func imageImport(store rootfs.Store, name, key, archive string, asJSON bool) int {
-	progress := newProgress("extracting " + archive)
-	img, err := store.Import(name, archive, rootfs.ImportOptions{
-		Key:         key,
-		Mountpoints: imageMountpoints(),
-		Progress:    progress.update,
-	})
-	progress.done()
-	if err != nil {
-		return fail(err)
-	}
+// imageDone reports an image just pulled, imported or built.
+func imageDone(img rootfs.Image, name string, took time.Duration, asJSON bool) int {
 	if asJSON {
 		return printJSON(img)
 	}
-	fmt.Fprintf(os.Stderr, "image %q is %s: %s in %d entries (%d device nodes skipped, %d setuid/setgid bits stripped)\n",
-		name, img.Key, sandbox.FormatBytes(img.Stats.Bytes), img.Stats.Entries, img.Stats.Skipped, img.Stats.Stripped)
+	fmt.Fprintf(os.Stderr, "image %q is %s: %s in %d entries, in %.1fs (%d device nodes skipped, %d setuid/setgid bits stripped, %d paths removed by whiteouts)\n",
+		name, img.Key, sandbox.FormatBytes(img.Stats.Bytes), img.Stats.Entries, took.Seconds(), img.Stats.Skipped, img.Stats.Stripped, img.Stats.Whiteouts)
 	return 0
 }
 
@@ -109,7 +193,8 @@ func printJSON(v any) int {
 }
 
 // progress shows how far a long operation got on stderr: a line rewritten in
-// place on a terminal, a line per tenth otherwise (CI logs).
+// place on a terminal, a line per tenth otherwise (CI logs). Without a
+// total, it shows the bytes done, every 64 MiB off a terminal.
 type progress struct {
 	label    string
 	tty      bool
@@ -123,20 +208,26 @@ func newProgress(label string) *progress {
 }
 
 func (p *progress) update(done, total int64) {
-	if total <= 0 {
-		return
+	var line string
+	var tick int64
+	if total > 0 {
+		pct := done * 100 / total
+		line = fmt.Sprintf("%s: %3d%% (%s of %s)", p.label, pct, sandbox.FormatBytes(done), sandbox.FormatBytes(total))
+		tick = pct / 10
+	} else {
+		line = fmt.Sprintf("%s: %s", p.label, sandbox.FormatBytes(done))
+		tick = done / (64 << 20)
 	}
-	pct := done * 100 / total
 	switch {
 	case p.tty:
-		if time.Since(p.last) < 100*time.Millisecond && done < total {
+		if time.Since(p.last) < 100*time.Millisecond && (total <= 0 || done < total) {
 			return
 		}
 		p.last = time.Now()
-		fmt.Fprintf(os.Stderr, "\r%s: %3d%% (%s of %s)", p.label, pct, sandbox.FormatBytes(done), sandbox.FormatBytes(total))
-	case pct/10 > p.lastTick || !p.shown:
-		p.lastTick = pct / 10
-		fmt.Fprintf(os.Stderr, "%s: %d%% (%s of %s)\n", p.label, pct, sandbox.FormatBytes(done), sandbox.FormatBytes(total))
+		fmt.Fprintf(os.Stderr, "\r%s", line)
+	case tick > p.lastTick || !p.shown:
+		p.lastTick = tick
+		fmt.Fprintln(os.Stderr, strings.TrimSpace(line))
 	}
 	p.shown = true
 }

@@ -38,7 +38,7 @@ func init() {
 		{"run", "run code in a sandbox and print its output", cmdRun},
 		{"serve", "serve the Model Context Protocol over stdio or Streamable HTTP", cmdServe},
 		{"doctor", "check that this host can run sandboxes, and say how to fix what is missing", cmdDoctor},
-		{"image", "manage root file system images (import, ls, dir, check)", cmdImage},
+		{"image", "manage images: pull, import, build, ls, rm", cmdImage},
 		{"version", "print version information", cmdVersion},
 	}
 }

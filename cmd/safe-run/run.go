@@ -62,7 +62,7 @@ func cmdRun(args []string) int {
 	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, hostEnv) }
 	var (
 		host    hostFlags
-		lang    = fs.String("lang", "", "language: python, node or bash (default: from FILE's extension)")
+		lang    = fs.String("lang", "", "language: python, node, bash or one of --languages (default: from FILE's extension)")
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
 		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
@@ -100,7 +100,7 @@ func cmdRun(args []string) int {
 	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
-	if _, _, err := (sandbox.Policy{}).Check(job); err != nil {
+	if _, _, err := (sandbox.Policy{Languages: host.languages}).Check(job); err != nil {
 		return fail(err)
 	}
 	cfg, err := host.runtimeConfig()

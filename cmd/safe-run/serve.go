@@ -61,6 +61,7 @@ var serveEnv = map[string]string{
 	"cache-ttl":       "SAFE_RUN_CACHE_TTL",
 	"cache-size":      "SAFE_RUN_CACHE_SIZE",
 	"log-level":       "SAFE_RUN_LOG_LEVEL",
+	"images":          "SAFE_RUN_IMAGES",
 }
 
 type serveFlags struct {
@@ -82,6 +83,7 @@ type serveFlags struct {
 	cacheTTL      time.Duration
 	cacheSize     int64
 	logLevel      string
+	images        string
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -111,6 +113,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	f.cacheSize = 64 * sandbox.MiB
 	fs.Var(sizeFlag{&f.cacheSize}, "cache-size", "most output kept by the result cache (a `size`)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
+	fs.StringVar(&f.images, "images", "", "comma-separated `images` run_code may choose with its image argument")
 }
 
 func cmdServe(args []string) int {
@@ -171,6 +174,12 @@ func serve(f serveFlags) error {
 	cfg, err := f.host.runtimeConfig()
 	if err != nil {
 		return err
+	}
+	policy.Languages, policy.Images = cfg.Policy.Languages, splitList(f.images, ",")
+	for _, ref := range policy.Images {
+		if _, err := f.host.store().Lookup(ref); err != nil {
+			return fmt.Errorf("--images: %w", err)
+		}
 	}
 	cfg.Policy, cfg.Logger, cfg.Sessions = policy, logger, f.sessions
 	if cfg.Pool, err = f.pool.config(f.host.cacheDir); err != nil {

@@ -59,6 +59,12 @@ func settingText(v any) string {
 	case string:
 		return v
 	case []any:
+		for _, e := range v {
+			if _, ok := e.(map[string]any); ok {
+				b, _ := json.Marshal(v) // a list of objects stays JSON
+				return string(b)
+			}
+		}
 		parts := make([]string, len(v))
 		for i, e := range v {
 			parts[i] = settingText(e)
