@@ -81,7 +81,7 @@ type handler struct {
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 	job, sessionID, err := h.parseArgs(req.Params.Arguments)
 	if err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
 	if _, _, err := h.cfg.Policy.Check(job); err != nil {
 		return mcpgo.NewToolResultError(inputErrorText(err)), nil

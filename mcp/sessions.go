@@ -114,7 +114,7 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 		s.AddTool(tool, func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 			args, err := objectArgs(req.Params.Arguments, t.input)
 			if err != nil {
-				return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+				return mcpgo.NewToolResultError(argErrorText(err)), nil
 			}
 			return handle(h, ctx, args)
 		})
@@ -126,12 +126,12 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 func objectArgs(raw any, schema string) (map[string]json.RawMessage, error) {
 	data, err := json.Marshal(raw)
 	if err != nil {
-		return nil, fmt.Errorf("arguments are not a JSON object")
+		return nil, argError("arguments", "arguments are not a JSON object")
 	}
 	args := map[string]json.RawMessage{}
 	if string(data) != "null" {
 		if err := json.Unmarshal(data, &args); err != nil {
-			return nil, fmt.Errorf("arguments must be a JSON object")
+			return nil, argError("arguments", "arguments must be a JSON object")
 		}
 	}
 	var s struct {
@@ -146,12 +146,12 @@ func objectArgs(raw any, schema string) (map[string]json.RawMessage, error) {
 	slices.Sort(allowed)
 	for name := range args {
 		if _, ok := s.Properties[name]; !ok {
-			return nil, fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
+			return nil, argError(name, "unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
 		}
 	}
 	for _, name := range s.Required {
 		if _, ok := args[name]; !ok {
-			return nil, fmt.Errorf("argument %q is required", name)
+			return nil, argError(name, "argument %q is required", name)
 		}
 	}
 	return args, nil
@@ -164,7 +164,7 @@ func stringArg(args map[string]json.RawMessage, name string) (string, error) {
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", fmt.Errorf("argument %q must be a string", name)
+		return "", argError(name, "argument %q must be a string", name)
 	}
 	return s, nil
 }
@@ -183,16 +183,16 @@ func sessionError(err error) *mcpgo.CallToolResult {
 func (h *handler) createSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	lang, err := stringArg(args, "language")
 	if err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
 	spec := sandbox.SessionSpec{Language: lang}
 	if raw, ok := args["timeout_seconds"]; ok {
 		var seconds float64
 		if err := json.Unmarshal(raw, &seconds); err != nil {
-			return mcpgo.NewToolResultError(`Invalid arguments: argument "timeout_seconds" must be a number`), nil
+			return mcpgo.NewToolResultError(argErrorText(argError("timeout_seconds", `argument "timeout_seconds" must be a number`))), nil
 		}
 		if spec.Limits.Timeout, err = h.timeout(seconds); err != nil {
-			return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+			return mcpgo.NewToolResultError(argErrorText(err)), nil
 		}
 	}
 	info, err := h.cfg.Sessions.CreateSession(ctx, spec)
@@ -207,7 +207,7 @@ func (h *handler) createSession(ctx context.Context, args map[string]json.RawMes
 func (h *handler) closeSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	id, err := stringArg(args, "session_id")
 	if err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
 	if err := h.cfg.Sessions.CloseSession(ctx, id); err != nil {
 		return sessionError(err), nil
@@ -232,29 +232,44 @@ func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMess
 }
 
 func (h *handler) writeFile(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	var a struct {
-		SessionID string `json:"session_id"`
-		inputFile
-	}
-	data, _ := json.Marshal(args)
-	if err := json.Unmarshal(data, &a); err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: session_id, path, content and encoding must be strings"), nil
-	}
-	content, err := decodeContent(a.inputFile)
+	id, file, err := writeFileArgs(args)
 	if err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	if err := h.cfg.Sessions.WriteFiles(ctx, a.SessionID, []sandbox.File{{Path: a.Path, Data: content}}); err != nil {
+	if err := h.cfg.Sessions.WriteFiles(ctx, id, []sandbox.File{file}); err != nil {
 		return sessionError(err), nil
 	}
-	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", a.Path, len(content))), nil
+	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", file.Path, len(file.Data))), nil
+}
+
+// writeFileArgs decodes write_file's arguments; errors are
+// *sandbox.InputError naming the argument.
+func writeFileArgs(args map[string]json.RawMessage) (id string, file sandbox.File, err error) {
+	var f inputFile
+	for _, a := range []struct {
+		name string
+		dst  *string
+	}{{"session_id", &id}, {"path", &f.Path}, {"content", &f.Content}, {"encoding", &f.Encoding}} {
+		if *a.dst, err = stringArg(args, a.name); err != nil {
+			return "", file, err
+		}
+	}
+	content, err := decodeContent(f)
+	if err != nil {
+		field := "content"
+		if f.Encoding != "" && f.Encoding != "text" && f.Encoding != "base64" {
+			field = "encoding"
+		}
+		return "", file, argError(field, "argument %q: %v", field, err)
+	}
+	return id, sandbox.File{Path: f.Path, Data: content}, nil
 }
 
 func (h *handler) readFile(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	id, err1 := stringArg(args, "session_id")
 	name, err2 := stringArg(args, "path")
 	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
 	f, err := h.cfg.Sessions.ReadFile(ctx, id, name)
 	if err != nil {
@@ -278,7 +293,7 @@ func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage
 	id, err1 := stringArg(args, "session_id")
 	dir, err2 := stringArg(args, "path")
 	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError("Invalid arguments: " + err.Error()), nil
+		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
 	files, err := h.cfg.Sessions.ListFiles(ctx, id, dir)
 	if err != nil {

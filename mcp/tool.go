@@ -171,22 +171,24 @@ func statefulness(env Environment) string {
 // argumentNames maps job fields of sandbox.InputError to tool arguments.
 var argumentNames = map[string]string{"timeout": "timeout_seconds"}
 
-// parseArgs decodes and checks run_code's arguments into a job. Its errors
-// name the argument and what is allowed, for the model to fix its call.
-// It also returns the session_id argument, empty for a fresh sandbox.
+// parseArgs decodes and checks run_code's arguments into a job. Every error
+// is a *sandbox.InputError whose Field is the argument at fault ("arguments"
+// when they are not an object) and whose Msg names it and says what is
+// allowed, for the model to fix its call. It also returns the session_id
+// argument, empty for a fresh sandbox.
 func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	data, err := json.Marshal(raw)
 	if err != nil {
-		return sandbox.Job{}, "", fmt.Errorf("arguments are not a JSON object")
+		return sandbox.Job{}, "", argError("arguments", "arguments are not a JSON object")
 	}
 	var known map[string]json.RawMessage
 	if err := json.Unmarshal(data, &known); err != nil || known == nil {
-		return sandbox.Job{}, "", fmt.Errorf("arguments must be a JSON object with language and code")
+		return sandbox.Job{}, "", argError("arguments", "arguments must be a JSON object with language and code")
 	}
 	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files", "session_id", "image"}
 	for name := range known {
 		if !slices.Contains(allowed, name) {
-			return sandbox.Job{}, "", fmt.Errorf("unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
+			return sandbox.Job{}, "", argError(name, "unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
 		}
 	}
 	var args runCodeArgs
@@ -195,16 +197,20 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	if err := dec.Decode(&args); err != nil {
 		var typeErr *json.UnmarshalTypeError
 		if errors.As(err, &typeErr) {
-			return sandbox.Job{}, "", fmt.Errorf("argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
+			field, _, _ := strings.Cut(typeErr.Field, ".")
+			if field == "" {
+				field = "arguments"
+			}
+			return sandbox.Job{}, "", argError(field, "argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
 		}
 		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return sandbox.Job{}, "", fmt.Errorf("argument \"files\": unknown field %s; a file has path, content and encoding", field)
+			return sandbox.Job{}, "", argError("files", "argument \"files\": unknown field %s; a file has path, content and encoding", field)
 		}
-		return sandbox.Job{}, "", fmt.Errorf("arguments: %v", err)
+		return sandbox.Job{}, "", argError("arguments", "arguments: %v", err)
 	}
 	job := sandbox.Job{Language: args.Language, Code: args.Code, Image: args.Image, Stdin: []byte(args.Stdin), OutputDir: outputDir}
 	if args.SessionID != "" && h.cfg.Sessions == nil {
-		return sandbox.Job{}, "", fmt.Errorf("argument \"session_id\": this server offers no sessions")
+		return sandbox.Job{}, "", argError("session_id", "argument \"session_id\": this server offers no sessions")
 	}
 	if args.SessionID != "" && args.Image != "" {
 		return sandbox.Job{}, "", fmt.Errorf("argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
@@ -219,11 +225,25 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	for i, f := range args.Files {
 		content, err := decodeContent(f)
 		if err != nil {
-			return sandbox.Job{}, "", fmt.Errorf("argument \"files\"[%d]: %v", i, err)
+			return sandbox.Job{}, "", argError("files", "argument \"files\"[%d]: %v", i, err)
 		}
 		job.Files = append(job.Files, sandbox.File{Path: f.Path, Data: content})
 	}
 	return job, args.SessionID, nil
+}
+
+// argError is an argument the tool refuses; msg names it.
+func argError(field, format string, args ...any) error {
+	return &sandbox.InputError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// argErrorText renders an error of parseArgs or objectArgs as a tool error.
+func argErrorText(err error) string {
+	var in *sandbox.InputError
+	if errors.As(err, &in) {
+		return "Invalid arguments: " + in.Msg
+	}
+	return "Invalid arguments: " + err.Error()
 }
 
 // timeout checks a timeout_seconds argument.
@@ -232,7 +252,7 @@ func (h *handler) timeout(seconds float64) (time.Duration, error) {
 	// A timeout too small to count in nanoseconds would read as "none
 	// given" and get the default; refuse it with the rest.
 	if math.IsNaN(seconds) || d <= 0 || seconds > h.maxTimeout.Seconds() {
-		return 0, fmt.Errorf("argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
+		return 0, argError("timeout_seconds", "argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
 	}
 	return d, nil
 }
