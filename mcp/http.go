@@ -31,6 +31,9 @@ type HTTPConfig struct {
 	AllowedHosts []string
 	// MaxBodyBytes caps a request body.
 	MaxBodyBytes int64
+	// Metrics, if set, is served at MetricsPath behind the same checks as
+	// the MCP endpoint: a scraper sends the bearer token like any client.
+	Metrics http.Handler
 }
 
 // HTTPHandler serves s over Streamable HTTP at HTTPPath, behind checks that
@@ -48,6 +51,9 @@ func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 		server.WithStateful(true), server.WithSessionIdleTTL(sessionIdleTTL))
 	mux := http.NewServeMux()
 	mux.Handle(HTTPPath, guard(cfg, streamable))
+	if cfg.Metrics != nil {
+		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
+	}
 	return mux
 }
 

@@ -36,6 +36,11 @@ type Config struct {
 	Version string
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// Audit, if set, keeps a record of every run and session event; if it
+	// fails, the server runs no more code (see recorder).
+	Audit Auditor
+	// Metrics, if set, count runs; serve them with HTTPConfig.Metrics.
+	Metrics *Metrics
 }
 
 // EnvironmentURI is the resource describing the sandbox environment.
@@ -61,8 +66,9 @@ func NewServer(cfg Config) *server.MCPServer {
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithRecovery(),
+		server.WithHooks(&server.Hooks{OnBeforeCallTool: []server.OnBeforeCallToolFunc{stampRequestID}}),
 	)
-	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout}
+	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
 	s.AddTool(runCodeTool(cfg.Environment, cfg.MaxTimeout), h.runCode)
 	if cfg.Sessions != nil {
 		h.addSessionTools(s)
@@ -76,6 +82,7 @@ func NewServer(cfg Config) *server.MCPServer {
 type handler struct {
 	cfg        Config
 	maxTimeout time.Duration
+	rec        *recorder
 }
 
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
@@ -83,8 +90,12 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	if err != nil {
 		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	if _, _, err := h.cfg.Policy.Check(job); err != nil {
+	checked, _, err := h.cfg.Policy.Check(job)
+	if err != nil {
 		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+	}
+	if refused := h.rec.refusal(); refused != nil {
+		return refused, nil
 	}
 
 	// state says what the call is doing, for progress messages.
@@ -122,6 +133,9 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		res, err = h.cfg.Sessions.RunInSession(ctx, sessionID, job)
 	} else {
 		res, err = h.cfg.Runner.Run(ctx, job)
+	}
+	if lost := h.rec.keep(ctx, req, runRecord(checked, sessionID, res, err)); lost != nil {
+		return lost, nil
 	}
 	if err != nil {
 		return sessionError(err), nil

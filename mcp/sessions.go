@@ -116,7 +116,21 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 			if err != nil {
 				return mcpgo.NewToolResultError(argErrorText(err)), nil
 			}
-			return handle(h, ctx, args)
+			if t.name == "list_sessions" { // reads only the server's own table
+				return handle(h, ctx, args)
+			}
+			if refused := h.rec.refusal(); refused != nil {
+				return refused, nil
+			}
+			start := time.Now()
+			res, err := handle(h, ctx, args)
+			if err != nil {
+				return res, err
+			}
+			if lost := h.rec.keep(ctx, req, sessionRecord(t.name, args, res, time.Since(start))); lost != nil {
+				return lost, nil
+			}
+			return res, nil
 		})
 	}
 }
