@@ -56,7 +56,9 @@ func (fakeSessions) RunInSession(ctx context.Context, id string, job sandbox.Job
 	return sandbox.Result{Status: sandbox.StatusOK, Stdout: "42\n", StdoutBytes: 3}, nil
 }
 
-func (fakeSessions) WriteFiles(ctx context.Context, id string, files []sandbox.File) error { return nil }
+func (fakeSessions) WriteFiles(ctx context.Context, id string, files []sandbox.File) error {
+	return nil
+}
 
 func (fakeSessions) ReadFile(ctx context.Context, id, path string) (sandbox.OutputFile, error) {
 	return sandbox.OutputFile{}, sandbox.ErrNoSession

@@ -103,6 +103,7 @@ func (p *pool) restore(pl *poolLang, image string) (*sandboxProc, error) {
 		return nil, fmt.Errorf("restore from %s: %w", image, err)
 	}
 	sp.mark("restored")
+	sp.observeStart()
 	return sp, nil
 }
 

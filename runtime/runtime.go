@@ -21,6 +21,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/safe-run/safe-run/bundle"
@@ -58,6 +59,9 @@ type Config struct {
 	Pool PoolConfig
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// ObserveStart, if set, hears how long each sandbox took from start to
+	// its agent being ready (for metrics).
+	ObserveStart func(time.Duration)
 }
 
 // Image is what a sandbox needs of an image.
@@ -120,6 +124,7 @@ type Runtime struct {
 	cgroups CgroupLayout
 	log     *slog.Logger
 	live    sync.WaitGroup // sandboxes not yet destroyed
+	liveN   atomic.Int64   // how many
 	lagging sync.WaitGroup // cgroups whose removal is being retried
 
 	sessionsOnce sync.Once
@@ -247,6 +252,9 @@ func (rt *Runtime) Wait(ctx context.Context) error {
 		return ctx.Err()
 	}
 }
+
+// LiveSandboxes counts the sandboxes started and not yet destroyed.
+func (rt *Runtime) LiveSandboxes() int { return int(rt.liveN.Load()) }
 
 // Policy returns the policy jobs are checked against.
 func (rt *Runtime) Policy() sandbox.Policy { return rt.cfg.Policy }

@@ -72,6 +72,7 @@ func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (
 	}
 	p.dir = filepath.Join(rt.cfg.StateDir, p.id)
 	rt.live.Add(1) // until destroy
+	rt.liveN.Add(1)
 	if err := p.setUp(job, oneShot); err != nil {
 		p.destroy()
 		return nil, err
@@ -216,6 +217,13 @@ func (p *sandboxProc) readEvents(pipe *os.File) {
 	}
 }
 
+// observeStart reports how long the sandbox took to be ready.
+func (p *sandboxProc) observeStart() {
+	if observe := p.rt.cfg.ObserveStart; observe != nil {
+		observe(time.Since(p.start))
+	}
+}
+
 // awaitReady waits for the agent's Ready event.
 func (p *sandboxProc) awaitReady(ctx context.Context) error {
 	timer := time.NewTimer(startTimeout)
@@ -230,6 +238,7 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 			case ev.Ready != nil:
 				p.mark("agent_ready")
 				p.ready = true
+				p.observeStart()
 				return nil
 			}
 		case <-timer.C:
@@ -354,6 +363,7 @@ func (p *sandboxProc) destroy() error {
 		p.lock.Close()
 	}
 	p.mark("cleaned_up")
+	p.rt.liveN.Add(-1)
 	p.rt.live.Done()
 	return errors.Join(errs...)
 }

@@ -39,6 +39,7 @@ func init() {
 		{"serve", "serve the Model Context Protocol over stdio or Streamable HTTP", cmdServe},
 		{"doctor", "check that this host can run sandboxes, and say how to fix what is missing", cmdDoctor},
 		{"image", "manage images: pull, import, build, ls, rm", cmdImage},
+		{"audit", "verify the hash chain of an audit log", cmdAudit},
 		{"version", "print version information", cmdVersion},
 	}
 }

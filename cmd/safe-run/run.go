@@ -15,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -59,9 +60,16 @@ func (s sizeFlag) Set(v string) error {
 
 func cmdRun(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, hostEnv) }
+	env := map[string]string{}
+	for _, m := range []map[string]string{hostEnv, auditEnv} {
+		for k, v := range m {
+			env[k] = v
+		}
+	}
+	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	var (
 		host    hostFlags
+		audits  auditFlags
 		lang    = fs.String("lang", "", "language: python, node, bash or one of --languages (default: from FILE's extension)")
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
@@ -73,6 +81,7 @@ func cmdRun(args []string) int {
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
 	host.register(fs)
+	audits.register(fs)
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
 	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default 512MiB)")
 	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default 128)")
@@ -82,7 +91,7 @@ func cmdRun(args []string) int {
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	if err := applySettings(fs, hostEnv, ""); err != nil {
+	if err := applySettings(fs, env, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
 	if *timeout < 0 {
@@ -100,9 +109,16 @@ func cmdRun(args []string) int {
 	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
-	if _, _, err := (sandbox.Policy{Languages: host.languages}).Check(job); err != nil {
+	checked, _, err := (sandbox.Policy{Languages: host.languages}).Check(job)
+	if err != nil {
 		return fail(err)
 	}
+	// No log, no run: a run that could not be recorded must not happen.
+	auditLog, err := audits.open(newLogger())
+	if err != nil {
+		return fail(err)
+	}
+	defer closeAuditLog(auditLog, audits.path, newLogger())
 	cfg, err := host.runtimeConfig()
 	if err != nil {
 		return fail(err)
@@ -130,6 +146,16 @@ func cmdRun(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	res, err := rt.Run(ctx, job)
+	if auditLog != nil {
+		rec := audit.RunRecord(checked, res)
+		if err != nil {
+			rec.Status, rec.ExitCode, rec.Message = "refused", nil, err.Error()
+		}
+		rec.ClientName, rec.ClientVersion = "safe-run run", version
+		if aerr := auditLog.Append(rec); aerr != nil {
+			return fail(fmt.Errorf("the run's audit record could not be written: %w", aerr))
+		}
+	}
 	if err != nil {
 		return fail(err)
 	}

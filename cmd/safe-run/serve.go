@@ -29,6 +29,8 @@ Serves the Model Context Protocol: over stdio by default (for desktop
 clients, which start safe-run themselves), or over Streamable HTTP at
 http://ADDR/mcp with --http ADDR. A listener on a non-loopback address
 needs a bearer token (--token or --token-file).
+Over HTTP, Prometheus metrics are served at http://ADDR/metrics, behind
+the same Host, Origin and token checks as /mcp.
 
 Settings come from, in order of precedence: these flags, the environment
 variables named below, the config file (--config: a JSON object whose keys
@@ -84,6 +86,7 @@ type serveFlags struct {
 	cacheSize     int64
 	logLevel      string
 	images        string
+	audit         auditFlags
 }
 
 func (f *serveFlags) register(fs *flag.FlagSet) {
@@ -114,6 +117,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.Var(sizeFlag{&f.cacheSize}, "cache-size", "most output kept by the result cache (a `size`)")
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
 	fs.StringVar(&f.images, "images", "", "comma-separated `images` run_code may choose with its image argument")
+	f.audit.register(fs)
 }
 
 func cmdServe(args []string) int {
@@ -128,6 +132,9 @@ func cmdServe(args []string) int {
 		env[k] = v
 	}
 	for k, v := range poolEnv {
+		env[k] = v
+	}
+	for k, v := range auditEnv {
 		env[k] = v
 	}
 	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); printSettings(fs, env) }
@@ -171,6 +178,12 @@ func serve(f serveFlags) error {
 		defer listener.Close()
 	}
 
+	auditLog, err := f.audit.open(logger)
+	if err != nil {
+		return err
+	}
+	defer closeAuditLog(auditLog, f.audit.path, logger)
+
 	cfg, err := f.host.runtimeConfig()
 	if err != nil {
 		return err
@@ -185,8 +198,21 @@ func serve(f serveFlags) error {
 	if cfg.Pool, err = f.pool.config(f.host.cacheDir); err != nil {
 		return err
 	}
-	rt, err := runtime.New(cfg)
-	if err != nil {
+	// Metrics exist only over HTTP. They are made before the runtime, whose
+	// pool starts sandboxes at once; the gauges read rt only when scraped.
+	var rt *runtime.Runtime
+	var metrics *mcp.Metrics
+	gate := sandbox.NewGate(f.maxConcurrent, f.maxQueue)
+	if listener != nil {
+		metrics = mcp.NewMetrics(mcp.Gauges{
+			LiveSandboxes: func() int { return rt.LiveSandboxes() },
+			Sessions:      func() int { return len(rt.ListSessions()) },
+			Gate:          gate,
+			PoolSizes:     func() map[string]int { return rt.PoolSizes() }, // none without --pool
+		})
+		cfg.ObserveStart = metrics.ObserveSandboxStart
+	}
+	if rt, err = runtime.New(cfg); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -215,11 +241,16 @@ func serve(f serveFlags) error {
 	if f.cacheTTL > 0 {
 		runner = &sandbox.ResultCache{Runner: rt, TTL: f.cacheTTL, MaxBytes: f.cacheSize}
 	}
-	srv := mcp.NewServer(mcp.Config{
+	mcpCfg := mcp.Config{
 		Runner: runner, Sessions: sessions, Policy: policy, Environment: env,
-		Gate:       sandbox.NewGate(f.maxConcurrent, f.maxQueue),
+		Gate:       gate,
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
-	})
+		Metrics: metrics,
+	}
+	if auditLog != nil {
+		mcpCfg.Audit = auditLog
+	}
+	srv := mcp.NewServer(mcpCfg)
 
 	if listener == nil {
 		logger.Info("serving MCP over stdio")
@@ -239,6 +270,7 @@ func serve(f serveFlags) error {
 		AllowedOrigins: splitList(f.origins, ","),
 		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
+		Metrics:        metrics.Handler(),
 	})
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
 	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", listener.Addr(), mcp.HTTPPath)
