@@ -336,6 +336,10 @@ func makeDir(workdir, dir string, owner *syscall.Credential) error {
 		return fmt.Errorf("open workspace: %w", err)
 	}
 	defer root.Close()
+	// Refused before mkdirAll, which would climb an absolute path forever.
+	if !filepath.IsLocal(dir) {
+		return fmt.Errorf("create %s: path leaves the workspace", dir)
+	}
 	if err := mkdirAll(root, filepath.Clean(dir), owner); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
 	}
