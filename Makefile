@@ -11,7 +11,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo test test-unit vet bench clean
+.PHONY: all build runsc rootfs deps demo test test-unit vet bench fuzz clean
 
 all: build runsc
 
@@ -66,6 +66,22 @@ test: deps build runsc rootfs vet
 # MCP with the pool off and on); rewrites the README's benchmark table.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
+
+# Each fuzz target for FUZZTIME, e.g. `make fuzz FUZZTIME=5m`. The seed
+# corpora are in each package's testdata/fuzz/; an input that fails is added
+# there. Temporary files go to a tmpfs when there is one: the targets make
+# and remove directories by the thousand, which ext4 slows to a crawl.
+# Minimizing is bounded, since inputs whose coverage differs from run to
+# run would otherwise stall the run for a minute each.
+FUZZTIME ?= 10s
+FUZZ_TARGETS := sandbox:FuzzCheckPath sandbox:FuzzPolicyCheck mcp:FuzzRunCodeArgs mcp:FuzzSessionToolArgs \
+	agent:FuzzWorkspacePaths rootfs:FuzzExtract
+fuzz:
+	@set -e; tmp=$$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for t in $(FUZZ_TARGETS); do \
+		echo "== $${t#*:} (./$${t%%:*}, $(FUZZTIME))"; \
+		TMPDIR=$$tmp $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*}; \
+	done
 
 clean:
 	rm -rf bin
