@@ -60,6 +60,9 @@ type Record struct {
 	OutputBytes int64 `json:"output_bytes,omitempty"`
 	// Message says why a status is not ok.
 	Message string `json:"message,omitempty"`
+	// Cached says the call got an earlier identical run's result from the
+	// result cache: nothing ran for it.
+	Cached bool `json:"cached,omitempty"`
 }
 
 // Limits are the limits a run had, in the units of the CLI and the tools.
@@ -85,6 +88,7 @@ func RunRecord(job sandbox.Job, res sandbox.Result) Record {
 		Event: EventRun, Language: job.Language, Code: job.Code, Limits: LimitsOf(job.Limits),
 		Status: string(res.Status), ExitCode: &code, DurationMS: res.DurationMS,
 		MemoryPeakBytes: res.MemoryPeakBytes, OutputBytes: res.StdoutBytes + res.StderrBytes, Message: res.Message,
+		Cached: res.Cached,
 	}
 }
 

@@ -32,6 +32,7 @@ type Gauges struct {
 type Metrics struct {
 	registry *prometheus.Registry
 	runs     *prometheus.CounterVec
+	cached   *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	starts   prometheus.Histogram
 }
@@ -44,6 +45,10 @@ func NewMetrics(g Gauges) *Metrics {
 			Name: "safe_run_runs_total",
 			Help: "Runs of code by language and status (ok, error, timeout, oom, killed, sandbox_error, or refused by the runner).",
 		}, []string{"language", "status"}),
+		cached: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "safe_run_cached_results_total",
+			Help: "run_code calls answered from the result cache, by language; they are not runs.",
+		}, []string{"language"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "safe_run_run_duration_seconds",
 			Help:    "Wall time of runs, sandbox start included, by language.",
@@ -55,7 +60,7 @@ func NewMetrics(g Gauges) *Metrics {
 			Buckets: []float64{0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10, 30, 60},
 		}),
 	}
-	m.registry.MustRegister(m.runs, m.duration, m.starts,
+	m.registry.MustRegister(m.runs, m.cached, m.duration, m.starts,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -82,8 +87,12 @@ func (m *Metrics) ObserveSandboxStart(d time.Duration) {
 	}
 }
 
-func (m *Metrics) observeRun(language, status string, d time.Duration) {
-	if m != nil {
+func (m *Metrics) observeRun(language, status string, d time.Duration, cached bool) {
+	switch {
+	case m == nil:
+	case cached:
+		m.cached.WithLabelValues(language).Inc()
+	default:
 		m.runs.WithLabelValues(language, status).Inc()
 		m.duration.WithLabelValues(language).Observe(d.Seconds())
 	}

@@ -81,7 +81,7 @@ func stamp(ctx context.Context, req mcpgo.CallToolRequest, rec *audit.Record) {
 func (r *recorder) keep(ctx context.Context, req mcpgo.CallToolRequest, rec audit.Record) *mcpgo.CallToolResult {
 	stamp(ctx, req, &rec)
 	if rec.Event == audit.EventRun {
-		r.metrics.observeRun(rec.Language, rec.Status, time.Duration(rec.DurationMS)*time.Millisecond)
+		r.metrics.observeRun(rec.Language, rec.Status, time.Duration(rec.DurationMS)*time.Millisecond, rec.Cached)
 	}
 	if r.audit == nil {
 		return nil

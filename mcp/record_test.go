@@ -223,6 +223,15 @@ func TestMetrics(t *testing.T) {
 		t.Error("pool sizes reported without a pool")
 	}
 
+	// A result from the cache is counted apart: nothing ran.
+	cachedRunner := &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK, Cached: true}}
+	c2 := newClient(t, Config{Runner: cachedRunner, Metrics: m})
+	callRunCode(t, c2, map[string]any{"language": "bash", "code": "echo"})
+	_, body = scrape(t, m.Handler(), "")
+	if !strings.Contains(body, `safe_run_cached_results_total{language="bash"} 1`) || strings.Contains(body, `status="ok"`) {
+		t.Errorf("a cached result was not counted apart from runs:\n%s", body)
+	}
+
 	pooled := NewMetrics(Gauges{PoolSizes: func() map[string]int { return map[string]int{"python": 2, "node": 0} }})
 	if _, body := scrape(t, pooled.Handler(), ""); !strings.Contains(body, `safe_run_pool_sandboxes{language="python"} 2`) ||
 		!strings.Contains(body, `safe_run_pool_sandboxes{language="node"} 0`) {

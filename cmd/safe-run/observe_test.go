@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestMCPAuditLog(t *testing.T) {
@@ -113,6 +114,9 @@ func metricValue(t *testing.T, url, series string) float64 {
 	return v
 }
 
+// With the default warm pool on: a run moves its counter, sandbox starts
+// (the pool's refill, or the run's own start) are counted, and the pool's
+// sizes are reported per language.
 func TestMCPMetrics(t *testing.T) {
 	ts := startServer(t, "http")
 	metrics := strings.TrimSuffix(ts.url, "/mcp") + "/metrics"
@@ -125,13 +129,35 @@ func TestMCPMetrics(t *testing.T) {
 	if after := metricValue(t, metrics, runs); after != before+1 {
 		t.Errorf("%s went from %v to %v over one run", runs, before, after)
 	}
-	if after := metricValue(t, metrics, "safe_run_sandbox_start_seconds_count"); after != starts+1 {
-		t.Errorf("sandbox starts went from %v to %v over one run", starts, after)
-	}
-	for _, g := range []string{"safe_run_live_sandboxes", "safe_run_sessions", "safe_run_queue_length", "safe_run_runs_in_progress"} {
+	waitUntil(t, 60*time.Second, func() bool { return metricValue(t, metrics, "safe_run_sandbox_start_seconds_count") > starts })
+	for _, g := range []string{"safe_run_queue_length", "safe_run_runs_in_progress", "safe_run_sessions"} {
 		if v := metricValue(t, metrics, g); v != 0 {
 			t.Errorf("%s = %v after the run, want 0", g, v)
 		}
+	}
+	for _, g := range []string{"safe_run_live_sandboxes", `safe_run_pool_sandboxes{language="python"}`, `safe_run_pool_sandboxes{language="bash"}`} {
+		if v := metricValue(t, metrics, g); v < 0 {
+			t.Errorf("%s is missing", g)
+		}
+	}
+}
+
+// Without a pool, the pool's sizes are absent and nothing stays live.
+func TestMCPMetricsWithoutPool(t *testing.T) {
+	ts := startServer(t, "http", "--pool=")
+	metrics := strings.TrimSuffix(ts.url, "/mcp") + "/metrics"
+	starts := metricValue(t, metrics, "safe_run_sandbox_start_seconds_count")
+	if res, out := ts.mustCall(t, map[string]any{"language": "python", "code": "print(1)"}); res.IsError {
+		t.Fatalf("run: %v %s", out, text(res))
+	}
+	if after := metricValue(t, metrics, "safe_run_sandbox_start_seconds_count"); after != starts+1 {
+		t.Errorf("sandbox starts went from %v to %v over one run", starts, after)
+	}
+	if v := metricValue(t, metrics, `safe_run_runs_total{language="python",status="ok"}`); v != 1 {
+		t.Errorf("python runs = %v, want 1", v)
+	}
+	if v := metricValue(t, metrics, "safe_run_live_sandboxes"); v != 0 {
+		t.Errorf("live sandboxes = %v after the run, want 0", v)
 	}
 	if v := metricValue(t, metrics, `safe_run_pool_sandboxes{language="python"}`); v != -1 {
 		t.Errorf("pool size reported (%v) without a pool", v)
