@@ -42,6 +42,8 @@ type Record struct {
 	ClientName    string `json:"client_name,omitempty"`
 	ClientVersion string `json:"client_version,omitempty"`
 	Language      string `json:"language,omitempty"`
+	// Image is the image a run asked for; empty for its language's own.
+	Image string `json:"image,omitempty"`
 	// CodeSHA256 is the hex SHA-256 of the code. Append computes it from
 	// Code, which it then keeps only if the log was opened with IncludeCode.
 	CodeSHA256 string `json:"code_sha256,omitempty"`
@@ -85,7 +87,7 @@ func LimitsOf(l sandbox.Limits) *Limits {
 func RunRecord(job sandbox.Job, res sandbox.Result) Record {
 	code := res.ExitCode
 	return Record{
-		Event: EventRun, Language: job.Language, Code: job.Code, Limits: LimitsOf(job.Limits),
+		Event: EventRun, Language: job.Language, Image: job.Image, Code: job.Code, Limits: LimitsOf(job.Limits),
 		Status: string(res.Status), ExitCode: &code, DurationMS: res.DurationMS,
 		MemoryPeakBytes: res.MemoryPeakBytes, OutputBytes: res.StdoutBytes + res.StderrBytes, Message: res.Message,
 		Cached: res.Cached,

@@ -48,8 +48,8 @@ func insideWorkspace(p string) bool {
 // encoding, at paths inside the workspace, with a timeout in range.
 func FuzzRunCodeArgs(f *testing.F) {
 	h := &handler{cfg: Config{Sessions: fakeSessions{}}, maxTimeout: time.Hour}
-	argFields := []string{"arguments", "language", "code", "timeout_seconds", "stdin", "files", "session_id"}
-	policyFields := []string{"language", "code", "files", "stdin", "output_dir", "timeout", "memory", "processes", "cpus", "output"}
+	argFields := []string{"arguments", "language", "code", "timeout_seconds", "stdin", "files", "session_id", "image"}
+	policyFields := []string{"language", "code", "image", "files", "stdin", "output_dir", "timeout", "memory", "processes", "cpus", "output"}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var raw any
 		if json.Unmarshal(data, &raw) != nil {
@@ -65,15 +65,15 @@ func FuzzRunCodeArgs(f *testing.F) {
 			t.Fatalf("accepted %s, which is not an object", data)
 		}
 		var args struct {
-			Language, Code, Stdin string
-			SessionID             string   `json:"session_id"`
-			TimeoutSeconds        *float64 `json:"timeout_seconds"`
-			Files                 []inputFile
+			Language, Code, Stdin, Image string
+			SessionID                    string   `json:"session_id"`
+			TimeoutSeconds               *float64 `json:"timeout_seconds"`
+			Files                        []inputFile
 		}
 		if err := json.Unmarshal(data, &args); err != nil {
 			t.Fatalf("accepted %s, which does not decode: %v", data, err)
 		}
-		if job.Language != args.Language || job.Code != args.Code || string(job.Stdin) != args.Stdin ||
+		if job.Language != args.Language || job.Code != args.Code || job.Image != args.Image || string(job.Stdin) != args.Stdin ||
 			sessionID != args.SessionID || job.OutputDir != outputDir {
 			t.Fatalf("job %+v does not match the arguments %s", job, data)
 		}
@@ -98,7 +98,7 @@ func FuzzRunCodeArgs(f *testing.F) {
 			}
 		}
 
-		checked, lang, err := sandbox.Policy{}.Check(job)
+		checked, lang, err := sandbox.Policy{Images: []string{"alpine:3"}}.Check(job)
 		if err != nil {
 			// The policy names job fields; the tool's text names the
 			// argument they come from.

@@ -103,7 +103,7 @@ func (r *recorder) keep(ctx context.Context, req mcpgo.CallToolRequest, rec audi
 // runner's refusal.
 func runRecord(job sandbox.Job, sessionID string, res sandbox.Result, err error) audit.Record {
 	if err != nil {
-		return audit.Record{Event: audit.EventRun, SessionID: sessionID, Language: job.Language, Code: job.Code,
+		return audit.Record{Event: audit.EventRun, SessionID: sessionID, Language: job.Language, Image: job.Image, Code: job.Code,
 			Limits: audit.LimitsOf(job.Limits), Status: "refused", Message: err.Error()}
 	}
 	rec := audit.RunRecord(job, res)

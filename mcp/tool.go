@@ -213,7 +213,7 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 		return sandbox.Job{}, "", argError("session_id", "argument \"session_id\": this server offers no sessions")
 	}
 	if args.SessionID != "" && args.Image != "" {
-		return sandbox.Job{}, "", fmt.Errorf("argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
+		return sandbox.Job{}, "", argError("image", "argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
 	}
 	if t := args.TimeoutSeconds; t != nil {
 		d, err := h.timeout(*t)

@@ -49,7 +49,7 @@ func FuzzCheckPath(f *testing.F) {
 }
 
 // fields are the InputError fields Policy.Check may name.
-var fields = []string{"language", "code", "files", "stdin", "output_dir",
+var fields = []string{"language", "code", "image", "files", "stdin", "output_dir",
 	"timeout", "memory", "processes", "cpus", "output", "workspace", "tmp", "file_size", "open_files"}
 
 // FuzzPolicyCheck: every refusal is an InputError naming a job field; an
