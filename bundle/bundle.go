@@ -224,6 +224,8 @@ func mounts(l sandbox.Limits, agent, workdir string) []specs.Mount {
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620"}},
 		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", size(64 * sandbox.MiB)}},
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+		// gVisor always offers /dev/net/tun; an empty read-only tmpfs hides it.
+		{Destination: "/dev/net", Type: "tmpfs", Source: "tmpfs", Options: []string{"ro", "nosuid", "noexec", "nodev", "mode=0555", "size=4k"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		// The workspace belongs to the program's user, as a home would.
 		{Destination: workdir, Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "nodev", "mode=0755",

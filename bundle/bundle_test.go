@@ -334,6 +334,7 @@ func checkMounts(t *testing.T, l sandbox.Limits, spec *specs.Spec) {
 		{"/tmp", "tmpfs", []string{"size=" + strconv.FormatInt(l.TmpBytes, 10)}},
 		{"/proc", "proc", []string{"noexec"}},
 		{"/dev/shm", "tmpfs", []string{"noexec"}},
+		{"/dev/net", "tmpfs", []string{"ro", "nodev"}},
 		{"/sys", "sysfs", []string{"ro"}},
 		{bundle.AgentPath, "bind", []string{"ro"}},
 	} {
@@ -487,7 +488,7 @@ func TestBuildErrors(t *testing.T) {
 
 func TestMountpoints(t *testing.T) {
 	dirs, files := bundle.Mountpoints()
-	wantDirs := []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/workspace", "/tmp"}
+	wantDirs := []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/dev/net", "/sys", "/workspace", "/tmp"}
 	if !slices.Equal(dirs, wantDirs) {
 		t.Errorf("dirs = %q, want %q", dirs, wantDirs)
 	}

@@ -13,6 +13,6 @@ func ExampleMountpoints() {
 	fmt.Println("dirs:", dirs)
 	fmt.Println("files:", files)
 	// Output:
-	// dirs: [/proc /dev /dev/pts /dev/shm /dev/mqueue /sys /workspace /tmp]
+	// dirs: [/proc /dev /dev/pts /dev/shm /dev/mqueue /dev/net /sys /workspace /tmp]
 	// files: [/.safe-run/agent]
 }
