@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -312,6 +313,9 @@ func writeFiles(dir string, files []File, owner *syscall.Credential) error {
 		if filepath.IsAbs(name) || name == "." || name == ".." || strings.HasPrefix(name, "../") {
 			return fmt.Errorf("write %q: path leaves the workspace", f.Path)
 		}
+		if err := checkNoLinks(root, name); err != nil {
+			return fmt.Errorf("write %q: %w", f.Path, err)
+		}
 		mode := os.FileMode(f.Mode & 0o777)
 		if mode == 0 {
 			mode = 0o644
@@ -340,8 +344,37 @@ func makeDir(workdir, dir string, owner *syscall.Credential) error {
 	if !filepath.IsLocal(dir) {
 		return fmt.Errorf("create %s: path leaves the workspace", dir)
 	}
+	if err := checkNoLinks(root, filepath.Join(dir, "x")); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
 	if err := mkdirAll(root, filepath.Clean(dir), owner); err != nil {
 		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	return nil
+}
+
+// checkNoLinks refuses name if a directory on its way (not name itself) is
+// a symbolic link: the program may plant links in the workspace, and the
+// agent, root in the sandbox, must not be led through them. os.Root alone
+// is not enough inside gVisor, whose openat follows a symbolic link despite
+// O_NOFOLLOW when O_DIRECTORY is also given — which os.Root relies on to
+// stay below its root. The directories are checked from the top, so each
+// check resolves only real directories.
+func checkNoLinks(root *os.Root, name string) error {
+	var dirs []string
+	for d := filepath.Dir(filepath.Clean(name)); d != "." && d != "/"; d = filepath.Dir(d) {
+		dirs = append(dirs, d)
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		fi, err := root.Lstat(dirs[i])
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			return nil // created below, as a directory
+		case err != nil:
+			return err
+		case fi.Mode()&fs.ModeSymlink != 0:
+			return fmt.Errorf("%s is a symbolic link; links are not followed", dirs[i])
+		}
 	}
 	return nil
 }

@@ -361,6 +361,9 @@ func readFile(workdir, name string, max int64) *Exit {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
 	defer root.Close()
+	if err := checkNoLinks(root, name); err != nil {
+		return &Exit{Code: 1, Error: err.Error()}
+	}
 	fi, err := root.Lstat(name)
 	switch {
 	case err != nil:
@@ -385,6 +388,9 @@ func listFiles(workdir, dir string, max int) *Exit {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
 	defer root.Close()
+	if err := checkNoLinks(root, dir); err != nil {
+		return &Exit{Code: 1, Error: err.Error()}
+	}
 	if fi, err := root.Lstat(dir); err != nil || !fi.IsDir() {
 		return &Exit{Code: 1, Error: fmt.Sprintf("%s: no such directory in the workspace", dir)}
 	}
