@@ -177,6 +177,15 @@ var argumentNames = map[string]string{"timeout": "timeout_seconds"}
 // allowed, for the model to fix its call. It also returns the session_id
 // argument, empty for a fresh sandbox.
 func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
+	// Refuse oversized code before the copies below: each would be as large.
+	if m, ok := raw.(map[string]any); ok {
+		if code, ok := m["code"].(string); ok {
+			var in *sandbox.InputError
+			if errors.As(h.cfg.Policy.CheckCodeSize(len(code)), &in) {
+				return sandbox.Job{}, "", argError("code", "argument \"code\" %s", in.Msg)
+			}
+		}
+	}
 	data, err := json.Marshal(raw)
 	if err != nil {
 		return sandbox.Job{}, "", argError("arguments", "arguments are not a JSON object")

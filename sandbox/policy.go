@@ -198,16 +198,12 @@ func (p Policy) Check(job Job) (Job, Language, error) {
 		}
 		return job, lang, &InputError{Field: "image", Msg: fmt.Sprintf("%q is not allowed; use one of %s, or leave it out", job.Image, strings.Join(p.Images, ", "))}
 	}
-	maxCode := p.MaxCodeBytes
-	if maxCode == 0 {
-		maxCode = DefaultMaxCodeBytes
+	if err := p.CheckCodeSize(len(job.Code)); err != nil {
+		return job, lang, err
 	}
 	switch {
 	case strings.TrimSpace(job.Code) == "":
 		return job, lang, &InputError{Field: "code", Msg: "is empty; pass the program to run"}
-	case len(job.Code) > maxCode:
-		return job, lang, &InputError{Field: "code", Msg: fmt.Sprintf("is %s, over the %s limit; send a shorter program or pass data as files",
-			FormatBytes(int64(len(job.Code))), FormatBytes(int64(maxCode)))}
 	case strings.IndexByte(job.Code, 0) >= 0:
 		return job, lang, &InputError{Field: "code", Msg: "contains a NUL byte; send source text"}
 	case !utf8.ValidString(job.Code):
@@ -227,6 +223,21 @@ func (p Policy) Check(job Job) (Job, Language, error) {
 		return job, lang, err
 	}
 	return job, lang, nil
+}
+
+// CheckCodeSize refuses code of n bytes if it is over the policy's limit,
+// as Check does. Callers holding a request's raw arguments use it to refuse
+// an oversized program before copying it further.
+func (p Policy) CheckCodeSize(n int) error {
+	maxCode := p.MaxCodeBytes
+	if maxCode == 0 {
+		maxCode = DefaultMaxCodeBytes
+	}
+	if n > maxCode {
+		return &InputError{Field: "code", Msg: fmt.Sprintf("is %s, over the %s limit; send a shorter program or pass data as files",
+			FormatBytes(int64(n)), FormatBytes(int64(maxCode)))}
+	}
+	return nil
 }
 
 func (p Policy) checkFiles(job Job, lang Language) error {
