@@ -13,8 +13,10 @@ package runtime
 import (
 	"bufio"
 	"context"
+	"debug/elf"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -160,6 +162,9 @@ func New(cfg Config) (*Runtime, error) {
 	if err := checkExecutable(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
 		return nil, err
 	}
+	if err := checkProgram(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
+		return nil, err
+	}
 	if err := checkExecutable(cfg.Agent, "safe-run-agent", "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"); err != nil {
 		return nil, err
 	}
@@ -271,6 +276,26 @@ func checkExecutable(path, what, fix string) error {
 		return fmt.Errorf("%s at %s is not an executable file; %s", what, path, fix)
 	}
 	return nil
+}
+
+// checkProgram reports whether path holds something the kernel can execute
+// — an ELF binary or a script — so that a broken file is named here rather
+// than by a sandbox that fails to start.
+func checkProgram(path, what, fix string) error {
+	f, err := elf.Open(path)
+	if err == nil {
+		f.Close()
+		return nil
+	}
+	head := make([]byte, 2)
+	if g, oerr := os.Open(path); oerr == nil {
+		_, _ = io.ReadFull(g, head)
+		g.Close()
+	}
+	if string(head) == "#!" {
+		return nil
+	}
+	return fmt.Errorf("%s at %s is not a program (%v); %s", what, path, err, fix)
 }
 
 // RunscVersion returns the version line of the runsc binary at path.

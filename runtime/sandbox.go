@@ -75,6 +75,9 @@ func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (
 	rt.liveN.Add(1)
 	if err := p.setUp(job, oneShot); err != nil {
 		p.destroy()
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			err = fmt.Errorf("%w: the state directory %s is full; free space there or choose another with --state-dir or SAFE_RUN_STATE_DIR", err, rt.cfg.StateDir)
+		}
 		return nil, err
 	}
 	return p, nil

@@ -190,8 +190,14 @@ func checkWritableDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	f.Close()
-	return os.Remove(f.Name())
+	defer os.Remove(f.Name())
+	// A run writes its bundle there, tens of KiB: an empty file would pass
+	// on a full file system.
+	_, err = f.Write(make([]byte, 64<<10))
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 func describeCgroups(l runtime.CgroupLayout) string {
