@@ -11,7 +11,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo test test-unit vet bench fuzz clean
+.PHONY: all build runsc rootfs deps demo test test-unit test-security soak vet bench fuzz clean
 
 all: build runsc
 
@@ -82,6 +82,18 @@ fuzz:
 		echo "== $${t#*:} (./$${t%%:*}, $(FUZZTIME))"; \
 		TMPDIR=$$tmp $(GO) test -run '^$$' -fuzz "^$${t#*:}\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 1s ./$${t%%:*}; \
 	done
+
+# The threat suite (every case of the threat catalogue through the CLI and
+# MCP, with host checks and positive controls), the seccomp controls and the
+# host faults. `make test` runs them too.
+test-security: deps build runsc rootfs
+	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 30m -run '^(TestThreat|TestSeccomp|TestFault)' ./cmd/safe-run/
+
+# SOAK_RUNS mixed runs (every language; failures, timeouts, OOMs) through
+# one MCP server at concurrency 8; prints a summary. CI runs 200.
+SOAK_RUNS ?= 1000
+soak: deps build runsc rootfs
+	SAFE_RUN_SOAK_RUNS=$(SOAK_RUNS) $(TEST_ENV) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./cmd/safe-run/
 
 clean:
 	rm -rf bin

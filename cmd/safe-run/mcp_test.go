@@ -50,6 +50,12 @@ func binary(t *testing.T) string {
 // "http") and returns an initialized client.
 func startServer(t *testing.T, transportName string, extraArgs ...string) *testServer {
 	t.Helper()
+	return startServerEnv(t, transportName, nil, extraArgs...)
+}
+
+// startServerEnv is startServer with env added to the server's environment.
+func startServerEnv(t *testing.T, transportName string, env []string, extraArgs ...string) *testServer {
+	t.Helper()
 	bin := binary(t)
 	ts := &testServer{stateDir: filepath.Join(t.TempDir(), "state")}
 	// TEST_SERVE_LOG_LEVEL=debug shows the HTTP server's log while testing.
@@ -62,12 +68,13 @@ func startServer(t *testing.T, transportName string, extraArgs ...string) *testS
 	var err error
 	switch transportName {
 	case "stdio":
-		c, err = client.NewStdioMCPClient(bin, nil, args...)
+		c, err = client.NewStdioMCPClient(bin, env, args...)
 		if err != nil {
 			t.Fatalf("start stdio server: %v", err)
 		}
 	case "http":
 		cmd := exec.Command(bin, append(args, "--http", "127.0.0.1:0")...)
+		cmd.Env = append(os.Environ(), env...)
 		stderr, _ := cmd.StderrPipe()
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -1,0 +1,255 @@
+package main
+
+// The soak test: many mixed runs — every language, programs that succeed,
+// fail, time out, run out of memory and die from a signal — through one
+// `safe-run serve` over Streamable HTTP on loopback, eight at a time. Every
+// run must get the status its program earns, nothing may be left behind,
+// and the server's memory must stay bounded. It runs only when
+// SAFE_RUN_SOAK_RUNS says how many runs to make (`make soak`).
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mark3labs/mcp-go/client"
+	mcpgo "github.com/mark3labs/mcp-go/mcp"
+)
+
+// soakKind is one kind of run of the mix, with the result it must get.
+type soakKind struct {
+	name, lang, code string
+	timeout          float64 // seconds; 0 for the server's default
+	status           string
+	exitCode         int
+	stdout           string // a prefix the stdout must have
+}
+
+// soakKinds is the mix, taken round-robin.
+var soakKinds = []soakKind{
+	{name: "python ok", lang: "python", code: "print(sum(range(10)))", status: "ok", stdout: "45\n"},
+	{name: "node ok", lang: "node", code: "console.log(6 * 7)", status: "ok", stdout: "42\n"},
+	{name: "bash ok", lang: "bash", code: "echo $((2 + 3))", status: "ok", stdout: "5\n"},
+	{name: "python error", lang: "python", code: "import sys\nprint('x')\nsys.exit(3)", status: "error", exitCode: 3, stdout: "x\n"},
+	{name: "node error", lang: "node", code: "console.log('y'); throw new Error('boom')", status: "error", exitCode: 1, stdout: "y\n"},
+	{name: "bash error", lang: "bash", code: "echo z; exit 7", status: "error", exitCode: 7, stdout: "z\n"},
+	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 1, status: "timeout", exitCode: -1, stdout: "t\n"},
+	{name: "bash timeout", lang: "bash", code: "echo spin; while :; do :; done", timeout: 1, status: "timeout", exitCode: -1, stdout: "spin\n"},
+	{name: "python oom", lang: "python", code: "b = []\nwhile True:\n    b.append(bytearray(b'\\1' * (8 << 20)))", status: "oom", exitCode: -1},
+	{name: "node oom", lang: "node", code: "const a = []; for (;;) a.push(Buffer.alloc(8 << 20, 1));", status: "oom", exitCode: -1},
+	{name: "bash signal", lang: "bash", code: "kill -SEGV $$", status: "killed", exitCode: -1},
+	{name: "python files", lang: "python", code: "open('out/r.txt', 'w').write('r')\nprint('wrote')", status: "ok", stdout: "wrote\n"},
+}
+
+func TestSoak(t *testing.T) {
+	runs, _ := strconv.Atoi(os.Getenv("SAFE_RUN_SOAK_RUNS"))
+	if runs <= 0 {
+		t.Skip("set SAFE_RUN_SOAK_RUNS to the number of runs (make soak)")
+	}
+	const concurrency = 8
+	bin := binary(t)
+	stateDir := filepath.Join(t.TempDir(), "state")
+	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn",
+		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB")
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Kill()
+		<-exited
+	}()
+	url := waitForURL(t, stderr)
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx := context.Background()
+	if err := c.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var init mcpgo.InitializeRequest
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-soak", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatal(err)
+	}
+
+	pid := cmd.Process.Pid
+	rssBefore, hwmBefore := rss(pid)
+
+	// Watch the state directory: the run IDs (to check their cgroups at the
+	// end) and how many sandboxes live at once.
+	var (
+		idsMu sync.Mutex
+		ids   = map[string]bool{}
+		peak  atomic.Int64
+		stop  = make(chan struct{})
+		watch sync.WaitGroup
+	)
+	watch.Add(1)
+	go func() {
+		defer watch.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			entries := stateEntries(stateDir)
+			if n := int64(len(entries)); n > peak.Load() {
+				peak.Store(n)
+			}
+			idsMu.Lock()
+			for _, e := range entries {
+				ids[e] = true
+			}
+			idsMu.Unlock()
+		}
+	}()
+
+	var (
+		mu       sync.Mutex
+		byStatus = map[string]int{}
+		failures []string
+		done     atomic.Int64
+		rssMid   int64
+	)
+	start := time.Now()
+	jobs := make(chan int)
+	var workers sync.WaitGroup
+	for range concurrency {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			for i := range jobs {
+				k := soakKinds[i%len(soakKinds)]
+				status, problem := soakCall(c, k)
+				mu.Lock()
+				byStatus[status]++
+				if problem != "" {
+					failures = append(failures, fmt.Sprintf("run %d (%s): %s", i, k.name, problem))
+				}
+				mu.Unlock()
+				if done.Add(1) == int64(runs/2) {
+					rssMid, _ = rss(pid)
+				}
+			}
+		}()
+	}
+	for i := range runs {
+		jobs <- i
+	}
+	close(jobs)
+	workers.Wait()
+	wall := time.Since(start)
+	time.Sleep(2 * time.Second) // let the last cgroup removals finish
+	rssAfter, hwmAfter := rss(pid)
+	close(stop)
+	watch.Wait()
+
+	idsMu.Lock()
+	var seen []string
+	for id := range ids {
+		seen = append(seen, id)
+	}
+	idsMu.Unlock()
+	left := leftovers(mustCgroupParents(t), seen, stateDir)
+	for deadline := time.Now().Add(60 * time.Second); len(left) > 0 && time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		left = leftovers(mustCgroupParents(t), seen, stateDir)
+	}
+
+	var statuses []string
+	for s, n := range byStatus {
+		statuses = append(statuses, fmt.Sprintf("%s %d", s, n))
+	}
+	sort.Strings(statuses)
+	t.Logf("soak summary: %d runs in %s (%.1f runs/s) at concurrency %d (peak %d sandboxes at once, %d run IDs seen)",
+		runs, wall.Round(time.Millisecond), float64(runs)/wall.Seconds(), concurrency, peak.Load(), len(seen))
+	t.Logf("soak summary: by status: %s", strings.Join(statuses, ", "))
+	t.Logf("soak summary: failures %d, leftovers %d", len(failures), len(left))
+	t.Logf("soak summary: server RSS before %s, at half-way %s, after %s; peak RSS (VmHWM) before %s, after %s",
+		mib(rssBefore), mib(rssMid), mib(rssAfter), mib(hwmBefore), mib(hwmAfter))
+
+	for i, f := range failures {
+		if i == 20 {
+			t.Errorf("... and %d more failures", len(failures)-20)
+			break
+		}
+		t.Error(f)
+	}
+	for _, l := range left {
+		t.Errorf("left behind: %s", l)
+	}
+	if peak.Load() < concurrency {
+		t.Errorf("at most %d sandboxes ran at once, want %d", peak.Load(), concurrency)
+	}
+	if peak.Load() > concurrency {
+		t.Errorf("%d sandboxes ran at once, over --max-concurrent %d", peak.Load(), concurrency)
+	}
+	// Bounded memory: the second half of the runs must not have grown the
+	// server as a leak would (linearly), and the whole soak stays small
+	// beside the output caps it handles (1 MiB per stream per run).
+	if rssAfter-rssMid > 32<<20 || rssAfter > rssBefore+128<<20 {
+		t.Errorf("server RSS grew from %s (before) and %s (half-way) to %s", mib(rssBefore), mib(rssMid), mib(rssAfter))
+	}
+
+	// The server stops cleanly and leaves nothing either.
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Error("the server did not stop within 60s of SIGINT")
+	}
+	assertNoLeftovers(t, mustCgroupParents(t), seen, stateDir)
+}
+
+// soakCall makes one run and says how it ended and what was wrong with it.
+func soakCall(c *client.Client, k soakKind) (status, problem string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	args := map[string]any{"language": k.lang, "code": k.code}
+	if k.timeout > 0 {
+		args["timeout_seconds"] = k.timeout
+	}
+	req := mcpgo.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = "run_code", args
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		return "call error", err.Error()
+	}
+	var out map[string]any
+	data, _ := json.Marshal(res.StructuredContent)
+	json.Unmarshal(data, &out)
+	status, _ = out["status"].(string)
+	if status == "" {
+		return "tool error", text(res)
+	}
+	code, _ := out["exit_code"].(float64)
+	stdout, _ := out["stdout"].(string)
+	switch {
+	case status != k.status:
+		return status, fmt.Sprintf("status %s (%v), want %s", status, out["message"], k.status)
+	case int(code) != k.exitCode:
+		return status, fmt.Sprintf("exit code %v, want %d", code, k.exitCode)
+	case !strings.HasPrefix(stdout, k.stdout):
+		return status, fmt.Sprintf("stdout %q, want it to start with %q", stdout, k.stdout)
+	case res.IsError != (status != "ok"):
+		return status, fmt.Sprintf("isError %v for status %s", res.IsError, status)
+	}
+	return status, ""
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
