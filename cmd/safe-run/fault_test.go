@@ -156,7 +156,7 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 		}
 		exited := make(chan struct{})
 		go func() { cmd.Wait(); close(exited) }()
-		t.Cleanup(func() { cmd.Process.Kill(); <-exited })
+		t.Cleanup(func() { stopServer(t, cmd, exited) })
 		url := waitForURL(t, stderr)
 		c, err := client.NewStreamableHttpClient(url)
 		if err != nil {
@@ -176,6 +176,13 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 		return cmd, c, exited
 	}
 	cmd, c, exited := start()
+	t.Cleanup(func() {
+		// The restarted server, stopped as an operator would, leaves nothing:
+		// not even its warm pool.
+		if entries := stateEntries(stateDir); len(entries) > 0 {
+			t.Errorf("left in the state directory after the restarted server stopped: %v", entries)
+		}
+	})
 	go func() {
 		req := mcpgo.CallToolRequest{}
 		req.Params.Name = "run_code"
@@ -200,7 +207,7 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 	}
 	stale := stateEntries(stateDir)
 
-	_, c2, _ := start()
+	cmd2, c2, exited2 := start()
 	// The reaper ran before the server began serving; cgroup removal may
 	// still be retried in the background while killed processes are reaped.
 	assertNoLeftovers(t, parents, append(stale, id), stateDir)
@@ -210,6 +217,26 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 	res, err := c2.CallTool(context.Background(), req)
 	if err != nil || res.IsError || !strings.Contains(text(res), "after restart") {
 		t.Errorf("the restarted server: %v %s", err, text(res))
+	}
+	stopServer(t, cmd2, exited2)
+	assertNoLeftovers(t, parents, append(stale, id), stateDir)
+}
+
+// stopServer stops a server with SIGINT, as an operator would, and waits
+// for it; a server that does not stop within a minute is killed.
+func stopServer(t *testing.T, cmd *exec.Cmd, exited chan struct{}) {
+	select {
+	case <-exited:
+		return
+	default:
+	}
+	cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-exited:
+	case <-time.After(60 * time.Second):
+		t.Errorf("the server did not stop within 60s of SIGINT")
+		cmd.Process.Kill()
+		<-exited
 	}
 }
 

@@ -479,24 +479,51 @@ func assertNoLeftovers(t *testing.T, parents map[string]string, ids []string, st
 	}
 }
 
+// leftovers lists what runs left below stateDirs and in the cgroups of ids.
+// A sandbox waiting in a server's warm pool (its run directory holds the
+// pool's marker) is not left behind: it belongs to the live server, and
+// serves one run only.
 func leftovers(parents map[string]string, ids []string, stateDirs ...string) []string {
 	var out []string
 	mounts, _ := os.ReadFile("/proc/self/mountinfo")
+	pooled := map[string]bool{}
 	for _, dir := range stateDirs {
 		for _, e := range stateEntries(dir) {
-			out = append(out, "state "+filepath.Join(dir, e))
+			if _, err := os.Stat(filepath.Join(dir, e, "pooled")); err == nil {
+				pooled[e] = true
+			}
+		}
+	}
+	isPooled := func(s string) bool {
+		for id := range pooled {
+			if strings.Contains(s, id) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, dir := range stateDirs {
+		for _, e := range stateEntries(dir) {
+			if !pooled[e] {
+				out = append(out, "state "+filepath.Join(dir, e))
+			}
 		}
 		for _, p := range sandboxProcesses(dir) {
 			cmdline, _ := os.ReadFile(p)
-			out = append(out, "process "+p+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+			if !isPooled(string(cmdline)) {
+				out = append(out, "process "+p+" "+strings.ReplaceAll(string(cmdline), "\x00", " "))
+			}
 		}
 		for _, l := range strings.Split(string(mounts), "\n") {
-			if strings.Contains(l, dir) {
+			if strings.Contains(l, dir) && !isPooled(l) {
 				out = append(out, "mount "+l)
 			}
 		}
 	}
 	for _, id := range ids {
+		if pooled[id] {
+			continue
+		}
 		for _, parent := range parents {
 			if _, err := os.Stat(filepath.Join(parent, id)); err == nil {
 				out = append(out, "cgroup "+filepath.Join(parent, id))
@@ -527,13 +554,18 @@ func randomHex(n int) string {
 }
 
 // runCgroupOf waits until a sandbox of stateDir runs and returns its ID.
+// Sandboxes waiting in a warm pool do not count: they run nothing yet.
 func runCgroupOf(t *testing.T, stateDir string, within time.Duration) string {
 	t.Helper()
 	re := regexp.MustCompile(regexp.QuoteMeta(stateDir) + `/(safe-run-[0-9a-f-]{36})`)
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		for _, p := range sandboxProcesses(stateDir) {
 			cmdline, _ := os.ReadFile(p)
-			if m := re.FindStringSubmatch(string(cmdline)); m != nil {
+			m := re.FindStringSubmatch(string(cmdline))
+			if m == nil {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(stateDir, m[1], "pooled")); err != nil {
 				return m[1]
 			}
 		}
