@@ -940,6 +940,8 @@ func (h *threatHarness) checkRun(t *testing.T, tc threatCase, r *threatRun) {
 	if tc.check != nil {
 		tc.check(t, h, r)
 	}
+	// What the probe saw, for the record (go test -v).
+	t.Logf("%s: status %s; stdout head: %.400q", r.via, r.status, r.stdout)
 	if t.Failed() {
 		t.Logf("%s: status %s, message %q\nstdout:\n%.1500q\nstderr:\n%.1000q", r.via, r.status, r.message, r.stdout, r.stderr)
 	}
