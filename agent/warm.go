@@ -7,6 +7,7 @@ import (
 	_ "embed"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"time"
 
@@ -42,7 +43,9 @@ func warmArgv(kind string) ([]string, error) {
 type warmProgram struct {
 	pid     int
 	done    <-chan unix.WaitStatus
-	argv    *os.File // fd 3 of the driver
+	argv    *os.File // fd 3 of the driver: its commands
+	status  *bufio.Reader
+	statusF *os.File // fd 4 of the driver: its answers
 	stdin   *os.File
 	stdout  *os.File
 	stderr  *os.File
@@ -52,12 +55,17 @@ type warmProgram struct {
 // warm starts the request's interpreter and waits until it has imported
 // the modules to preload. The next OpRun hands its argv to it instead of
 // starting a program.
+//
+// Sent again to a warm sandbox, it primes the interpreter: a sandbox
+// restored from a checkpoint maps its memory back page by page as it is
+// first touched, and priming pays for that before the run instead of
+// during it.
 func (s *server) warm(req *Request) *Exit {
-	if s.warmed != nil {
-		return &Exit{Code: -1, Error: "invalid request: the sandbox is already warm"}
-	}
 	if req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: a positive timeout is required"}
+	}
+	if s.warmed != nil {
+		return s.prime(req.Timeout)
 	}
 	argv, err := warmArgv(req.Interpreter)
 	if err != nil {
@@ -78,30 +86,49 @@ func (s *server) warm(req *Request) *Exit {
 		closeAll(inW, outR, errR, argvW, statR)
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	ready := make(chan bool, 1)
-	go func() {
-		defer statR.Close()
-		line, _ := bufio.NewReader(statR).ReadString('\n')
-		ready <- line == "ready\n"
-	}()
-	w := &warmProgram{pid: pid, done: done, argv: argvW, stdin: inW, stdout: outR, stderr: errR, started: start}
-	fail := func(msg string) *Exit {
+	w := &warmProgram{pid: pid, done: done, argv: argvW, status: bufio.NewReader(statR), statusF: statR,
+		stdin: inW, stdout: outR, stderr: errR, started: start}
+	if err := w.await("ready", req.Timeout); err != nil {
 		_ = unix.Kill(-pid, unix.SIGKILL)
-		closeAll(inW, outR, errR, argvW)
-		return &Exit{Code: -1, Error: msg, Duration: time.Since(start)}
-	}
-	timer := time.NewTimer(req.Timeout)
-	defer timer.Stop()
-	select {
-	case ok := <-ready:
-		if !ok {
-			return fail(fmt.Sprintf("the warm %s interpreter exited before it was ready", req.Interpreter))
-		}
-	case <-timer.C:
-		return fail(fmt.Sprintf("the warm %s interpreter was not ready within %s", req.Interpreter, req.Timeout))
+		closeAll(inW, outR, errR, argvW, statR)
+		return &Exit{Code: -1, Error: fmt.Sprintf("the warm %s interpreter %v", req.Interpreter, err), Duration: time.Since(start)}
 	}
 	s.warmed = w
 	return &Exit{Duration: time.Since(start)}
+}
+
+// prime asks the warm interpreter to touch its memory, and the agent
+// touches its own.
+func (s *server) prime(timeout time.Duration) *Exit {
+	start := time.Now()
+	w := s.warmed
+	if _, err := w.argv.Write([]byte("prime\n")); err != nil {
+		return &Exit{Code: -1, Error: "prime the warm interpreter: " + err.Error()}
+	}
+	if err := w.await("primed", timeout); err != nil {
+		return &Exit{Code: -1, Error: "the warm interpreter " + err.Error()}
+	}
+	runtime.GC()
+	return &Exit{Duration: time.Since(start)}
+}
+
+// await reads the driver's next answer and checks that it is want.
+func (w *warmProgram) await(want string, timeout time.Duration) error {
+	got := make(chan string, 1)
+	go func() {
+		line, _ := w.status.ReadString('\n')
+		got <- line
+	}()
+	select {
+	case line := <-got:
+		if line != want+"\n" {
+			return fmt.Errorf("exited before it answered %q", want)
+		}
+		return nil
+	case <-time.After(timeout):
+		// The reader goroutine ends when the interpreter is killed.
+		return fmt.Errorf("did not answer %q within %s", want, timeout)
+	}
 }
 
 // launchWarm hands argv to the warm interpreter, which runs it as a cold
@@ -110,10 +137,11 @@ func (s *server) warm(req *Request) *Exit {
 func (s *server) launchWarm(argv []string) (pid int, done <-chan unix.WaitStatus, stdin, stdout, stderr *os.File) {
 	w := s.warmed
 	s.warmed = nil
+	w.statusF.Close()
 	go func() {
 		// EOF ends the argv; if the driver died, the write fails and its
 		// exit status tells the rest.
-		_, _ = w.argv.Write([]byte(strings.Join(argv, "\x00") + "\x00"))
+		_, _ = w.argv.Write([]byte("run\n" + strings.Join(argv, "\x00") + "\x00"))
 		w.argv.Close()
 	}()
 	return w.pid, w.done, w.stdin, w.stdout, w.stderr

@@ -133,3 +133,31 @@ func TestWarmUnknownInterpreter(t *testing.T) {
 		t.Fatalf("events: %s", dump(s.events))
 	}
 }
+
+// TestWarmPrime checks that a second OpWarm primes the warm interpreter,
+// which then still runs the script.
+func TestWarmPrime(t *testing.T) {
+	for _, kind := range []string{"python", "node"} {
+		bin := map[string]string{"python": "python3", "node": "node"}[kind]
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("no %s on this host", bin)
+		}
+		file := map[string]string{"python": "main.py", "node": "main.js"}[kind]
+		code := map[string]string{"python": "print('ran')", "node": "console.log('ran')"}[kind]
+		warmReq := agent.Request{Op: agent.OpWarm, Interpreter: kind, Timeout: 5 * time.Second}
+		s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true}, warmReq, warmReq, warmReq,
+			agent.Request{Files: []agent.File{{Path: file, Data: []byte(code)}}, Argv: []string{bin, file}, Timeout: 5 * time.Second, OutputBytes: 1 << 20})
+		runs := s.runs(t)
+		if len(runs) != 4 {
+			t.Fatalf("%s: %d answers, want 4; events: %s", kind, len(runs), dump(s.events))
+		}
+		for i, r := range runs[:3] {
+			if r.exit.Error != "" {
+				t.Errorf("%s: warm %d: %s", kind, i, r.exit.Error)
+			}
+		}
+		if string(runs[3].stdout) != "ran\n" || runs[3].exit.Code != 0 {
+			t.Errorf("%s: run after priming: %+v stdout %q stderr %q", kind, runs[3].exit, runs[3].stdout, runs[3].stderr)
+		}
+	}
+}

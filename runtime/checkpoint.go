@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/safe-run/safe-run/agent"
 	"github.com/safe-run/safe-run/bundle"
 )
 
@@ -96,9 +95,11 @@ func (p *pool) restore(pl *poolLang, image string) (*sandboxProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The restored agent sent its Ready before the checkpoint; a request
-	// that writes nothing is the cheapest proof that it answers.
-	if err := sp.call(p.ctx, agent.Request{Op: agent.OpWrite}); err != nil {
+	// The restored agent sent its Ready before the checkpoint. Warming
+	// again proves that it answers, and primes the interpreter: restored
+	// memory is mapped back page by page as it is first touched, which
+	// would otherwise slow the run.
+	if err := p.warm(sp, pl); err != nil {
 		_ = sp.destroy()
 		return nil, fmt.Errorf("restore from %s: %w", image, err)
 	}

@@ -147,7 +147,6 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 		defer p.mu.Lock()
 		return p.restoreNow(pl)
 	}
-	defer p.poke()
 	for len(pl.ready) > 0 {
 		sp := pl.ready[0]
 		pl.ready = slices.Delete(pl.ready, 0, 1)
@@ -158,11 +157,23 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 			p.rt.log.Warn("a pooled sandbox died while waiting", "id", sp.id, "language", job.Language)
 			go sp.destroy()
 		default:
+			// The replacement starts when this run is over (see
+			// released): started now, it would compete with the run for
+			// the CPU.
 			markPooled(sp, false, "")
 			return sp
 		}
 	}
+	p.poke() // a miss: refill now
 	return nil
+}
+
+// released tells the pool that a run it served is over, so that its
+// replacement can start.
+func (p *pool) released() {
+	if p != nil {
+		p.poke()
+	}
 }
 
 // restoreNow restores a sandbox for pl from its checkpoint, building the

@@ -39,6 +39,7 @@ func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, er
 			if err := p.destroy(); err != nil {
 				rt.log.Error("clean up pooled sandbox", "id", p.id, "err", err)
 			}
+			rt.pool.released()
 		}()
 		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status,
 			"pooled", true, slog.Group("ms_since_start", p.phases...))

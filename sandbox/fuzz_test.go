@@ -102,7 +102,7 @@ func FuzzPolicyCheck(f *testing.F) {
 		}
 		got, in := checked.Limits, job.Limits
 		for _, b := range []struct {
-			name          string
+			name           string
 			v, in, d, l, h float64
 		}{
 			{"timeout", float64(got.Timeout), float64(in.Timeout), float64(def.Timeout), float64(lo.Timeout), float64(hi.Timeout)},

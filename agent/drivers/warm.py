@@ -4,8 +4,11 @@
 # sandbox serves one run and is destroyed.
 #
 # Protocol: the modules to preload are in $SAFE_RUN_PRELOAD (comma-separated).
-# After importing them this driver writes "ready" to fd 4 and waits on fd 3
-# for the run's argv: NUL-separated, ended by EOF. It then runs the script
+# After importing them this driver writes "ready" to fd 4 and waits for
+# commands on fd 3. "prime\n" asks it to touch its memory (a sandbox
+# restored from a checkpoint maps its pages back only when first touched,
+# which would otherwise slow the run); it answers "primed" on fd 4.
+# "run\n" is followed by the run's argv: NUL-separated, ended by EOF. It then runs the script
 # argv names (its first argument that is not an option) as `python3 argv...`
 # would, as __main__, and exits with the code the script would have exited
 # with.
@@ -37,6 +40,21 @@ def preload(names):
         os.dup2(saved[1], 2)
         for fd in (devnull,) + saved:
             os.close(fd)
+
+
+def read_command():
+    line = b""
+    while not line.endswith(b"\n"):
+        b = os.read(3, 1)
+        if not b:
+            return ""
+        line += b
+    return line.decode().strip()
+
+
+def prime():
+    import gc
+    gc.collect()  # visits every tracked object: most of the heap
 
 
 def read_argv():
@@ -124,8 +142,17 @@ def run(argv):
 
 
 preload([m for m in os.environ.pop("SAFE_RUN_PRELOAD", "").split(",") if m])
-with os.fdopen(4, "w") as status:
-    status.write("ready\n")
+os.write(4, b"ready\n")
+while True:
+    command = read_command()
+    if command == "prime":
+        prime()
+        os.write(4, b"primed\n")
+        continue
+    break
+os.close(4)
+if command != "run":
+    os._exit(0)  # the agent is gone or confused; there is nothing to run
 argv = read_argv()
 reseed()
 run(argv)
