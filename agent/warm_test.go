@@ -50,14 +50,15 @@ func TestWarmPythonRunsAsAScript(t *testing.T) {
 print(__name__, __file__, sys.argv, sys.path[0] == __file__.rsplit("/", 1)[0])
 print("preloaded:", "json" in sys.modules, "csv" in sys.modules)
 print("stdin:", sys.stdin.read())
-import atexit
+import atexit, threading, time
 atexit.register(lambda: print("atexit ran"))
+threading.Thread(target=lambda: (time.sleep(0.2), print("thread finished"))).start()
 sys.exit(3)
 `
 	_, r := warmRun(t, "python", []string{"json", "no_such_module_xyz"},
 		[]agent.File{{Path: "main.py", Data: []byte(code)}}, []string{"python3", "-u", "main.py", "arg"}, "hello")
 	out := string(r.stdout)
-	for _, want := range []string{"__main__ ", "/main.py ['main.py', 'arg'] True", "preloaded: True False", "stdin: hello", "atexit ran"} {
+	for _, want := range []string{"__main__ ", "/main.py ['main.py', 'arg'] True", "preloaded: True False", "stdin: hello", "thread finished\natexit ran"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stdout lacks %q:\n%s\nstderr:\n%s", want, out, r.stderr)
 		}

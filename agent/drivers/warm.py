@@ -125,6 +125,14 @@ def run(argv):
         # Hide this driver's frame: the traceback starts in the user's file.
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
         code = 1
+    # As at the interpreter's exit: wait for non-daemon threads, then run
+    # the atexit functions.
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            traceback.print_exc()
     try:
         atexit._run_exitfuncs()
     except SystemExit as e:
