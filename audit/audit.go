@@ -22,6 +22,10 @@ import (
 const (
 	// EventRun is one run of code, in a fresh sandbox or in a session.
 	EventRun = "run"
+	// EventSessionEnd is the end of a session, however it ended; Message
+	// says why (closed, idle timeout, maximum lifetime, server shutting
+	// down).
+	EventSessionEnd = "session_end"
 )
 
 // Record is one line of the audit log. Seq and Prev are set by Log.Append;

@@ -114,6 +114,14 @@ func (l *Log) Close() error {
 	return errors.Join(errs...)
 }
 
+// Err returns the error that stopped the log — a failed write, or Close —
+// or nil while it takes records.
+func (l *Log) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
 // Append writes rec as the next line of the chain and syncs it to disk. It
 // sets rec's Seq, Prev and CodeSHA256 (from Code, which it keeps only with
 // IncludeCode) and its Time if zero.

@@ -56,6 +56,13 @@ func stampRequestID(ctx context.Context, id any, req *mcpgo.CallToolRequest) {
 // refusal is the tool error for calls made after the audit log failed; nil
 // while it works.
 func (r *recorder) refusal() *mcpgo.CallToolResult {
+	// The log may also have failed outside a call (a session that ended
+	// by itself), if it says so.
+	if l, ok := r.audit.(interface{ Err() error }); ok && r.failed.Load() == nil {
+		if err := l.Err(); err != nil {
+			r.failed.CompareAndSwap(nil, &err)
+		}
+	}
 	if err := r.failed.Load(); err != nil {
 		return mcpgo.NewToolResultError(fmt.Sprintf("this server runs no code: its audit log could not be written (%v); the operator must fix the log and restart the server", *err))
 	}

@@ -24,6 +24,10 @@ type SessionConfig struct {
 	IdleTimeout time.Duration
 	// MaxLifetime ends a session this long after it began (default 1 h).
 	MaxLifetime time.Duration
+	// OnEnd, if set, is told of every session that ends and why: closed,
+	// idle timeout, maximum lifetime, or the server shutting down. It is
+	// called once the session's sandbox is gone, and must not block.
+	OnEnd func(info sandbox.SessionInfo, reason string)
 }
 
 func (c SessionConfig) withDefaults() SessionConfig {
@@ -366,6 +370,9 @@ func (rt *Runtime) closeSession(s *session, why string) {
 		s.proc = nil
 	}
 	rt.log.Info("session ended", "session", s.id, "why", why, "calls", s.calls.Load())
+	if end := rt.table().cfg.OnEnd; end != nil {
+		end(rt.info(s), why)
+	}
 }
 
 // CloseSessions ends every session; a server calls it before exit.

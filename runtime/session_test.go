@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,7 +151,14 @@ func TestSessionLimitAndExpiry(t *testing.T) {
 	}
 	rt := newTestRuntime(t, sandbox.Policy{})
 	// Long enough that none expires while nine start on a loaded host.
-	rt.cfg.Sessions = SessionConfig{MaxSessions: 8, IdleTimeout: 15 * time.Second, MaxLifetime: time.Hour}
+	var endMu sync.Mutex
+	ends := map[string]string{}
+	rt.cfg.Sessions = SessionConfig{MaxSessions: 8, IdleTimeout: 15 * time.Second, MaxLifetime: time.Hour,
+		OnEnd: func(info sandbox.SessionInfo, reason string) {
+			endMu.Lock()
+			ends[info.ID] = reason
+			endMu.Unlock()
+		}}
 	t.Cleanup(rt.CloseSessions)
 	var ids []string
 	for range 8 {
@@ -168,6 +176,13 @@ func TestSessionLimitAndExpiry(t *testing.T) {
 	if n := len(rt.ListSessions()); n > 0 {
 		t.Fatalf("%d sessions still live 60s after their 15s idle timeout", n)
 	}
+	endMu.Lock()
+	for _, id := range ids {
+		if ends[id] != "idle timeout" {
+			t.Errorf("session %s ended with %q reported, want \"idle timeout\"", id, ends[id])
+		}
+	}
+	endMu.Unlock()
 	if _, err := rt.RunInSession(context.Background(), ids[0], sandbox.Job{Code: "true"}); !errors.Is(err, sandbox.ErrNoSession) || !strings.Contains(err.Error(), "create a new session") {
 		t.Errorf("expired session: %v, want ErrNoSession telling to create one", err)
 	}

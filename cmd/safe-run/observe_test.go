@@ -32,7 +32,7 @@ func TestMCPAuditLog(t *testing.T) {
 	ts.tool(t, "close_session", map[string]any{"session_id": id})
 
 	r := safeRun(t, "", "audit", "verify", path)
-	if r.code != 0 || !strings.Contains(r.stdout, "ok: 4 records in 1 file(s)") {
+	if r.code != 0 || !strings.Contains(r.stdout, "ok: 5 records in 1 file(s)") {
 		t.Fatalf("verify: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	t.Logf("audit verify: %s", strings.TrimSpace(r.stdout))
@@ -50,11 +50,16 @@ func TestMCPAuditLog(t *testing.T) {
 		first["output_bytes"] != float64(3) || first["memory_peak_bytes"] == nil || first["limits"] == nil {
 		t.Errorf("first record: %s", lines[0])
 	}
-	for i, event := range []string{"create_session", "run", "close_session"} {
+	// The session's end is recorded by the runtime as it happens, before
+	// the close_session call that caused it.
+	for i, event := range []string{"create_session", "run", "session_end", "close_session"} {
 		var rec map[string]any
 		json.Unmarshal(lines[i+1], &rec)
 		if rec["event"] != event || rec["session_id"] != id {
 			t.Errorf("record %d: %s; want %s of %s", i+2, lines[i+1], event, id)
+		}
+		if event == "session_end" && rec["message"] != "closed" {
+			t.Errorf("session_end record: %s; want the reason \"closed\"", lines[i+1])
 		}
 	}
 

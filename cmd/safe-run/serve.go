@@ -18,6 +18,7 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
 	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
@@ -195,6 +196,17 @@ func serve(f serveFlags) error {
 		}
 	}
 	cfg.Policy, cfg.Logger, cfg.Sessions = policy, logger, f.sessions
+	if auditLog != nil {
+		// Sessions also end without a call: idle, too old, or at exit.
+		cfg.Sessions.OnEnd = func(info sandbox.SessionInfo, reason string) {
+			rec := audit.Record{Time: time.Now().UTC(), Event: audit.EventSessionEnd, SessionID: info.ID,
+				Language: info.Language, Status: "ok", Message: reason,
+				DurationMS: time.Since(info.Created).Milliseconds()}
+			if err := auditLog.Append(rec); err != nil {
+				logger.Error("AUDIT LOG WRITE FAILED: the end of a session is not recorded; runs are refused until the log is writable", "session", info.ID, "err", err)
+			}
+		}
+	}
 	if cfg.Pool, err = f.pool.config(f.host.cacheDir); err != nil {
 		return err
 	}
