@@ -20,7 +20,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ShimMain() // the runtime re-executes this test binary as its cgroup shim
+	ShimMain()          // the runtime re-executes this test binary as its cgroup shim
+	UserNamespaceMain() // run as an ordinary user, the tests run in a user namespace
 	os.Exit(m.Run())
 }
 
@@ -42,9 +43,6 @@ func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
 			t.Fatalf(format, args...)
 		}
 		t.Skipf("integration test needs runsc, the agent and the default image (run `make test`): "+format, args...)
-	}
-	if os.Geteuid() != 0 {
-		missing("must run as root")
 	}
 	runsc, agentPath := os.Getenv("SAFE_RUN_RUNSC"), os.Getenv("SAFE_RUN_AGENT")
 	if runsc == "" || agentPath == "" {
