@@ -116,8 +116,27 @@ func inOwnUserNamespace() bool {
 	if err != nil {
 		return false
 	}
-	f := strings.Fields(string(data))
-	return !(len(f) == 3 && f[0] == "0" && f[1] == "0" && f[2] == "4294967295")
+	whole, _ := parseUIDMap(string(data))
+	return !whole
+}
+
+// parseUIDMap reads a uid_map: whether it is the host's identity map of
+// every uid, and the host uid that uid 0 maps to (-1 if none).
+func parseUIDMap(data string) (whole bool, rootHostUID int) {
+	rootHostUID = -1
+	for _, line := range strings.Split(strings.TrimSpace(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 {
+			continue
+		}
+		if f[0] == "0" && f[1] == "0" && f[2] == "4294967295" {
+			whole = true
+		}
+		if f[0] == "0" {
+			rootHostUID, _ = strconv.Atoi(f[1])
+		}
+	}
+	return whole, rootHostUID
 }
 
 // UserNamespaceCheck creates a user namespace the way UserNamespaceMain
@@ -200,18 +219,8 @@ func HostUID() int {
 	if !inOwnUserNamespace() {
 		return os.Geteuid()
 	}
-	data, err := os.ReadFile("/proc/self/uid_map")
-	if err != nil {
-		return -1
-	}
-	f := strings.Fields(string(data))
-	if len(f) < 2 || f[0] != "0" {
-		return -1
-	}
-	uid, err := strconv.Atoi(f[1])
-	if err != nil {
-		return -1
-	}
+	data, _ := os.ReadFile("/proc/self/uid_map")
+	_, uid := parseUIDMap(string(data))
 	return uid
 }
 
