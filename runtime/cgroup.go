@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -250,6 +251,9 @@ func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 // seconds, and until then they keep the cgroup from being removed.
 // memoryUsage reads the memory the cgroup's processes use now.
 func (c *runCgroup) memoryUsage() (int64, error) {
+	if c.mgr == nil {
+		return 0, errors.New("read memory usage: the run has no cgroup")
+	}
 	st, err := c.mgr.GetStats()
 	if err != nil {
 		return 0, fmt.Errorf("read memory usage: %w", err)

@@ -166,6 +166,9 @@ try:
 except OSError as e:
     print("PROBE-OK", e.strerror)`, marker)},
 		{"writing to / and /etc fails", "bash", `! touch /x 2>/dev/null && ! touch /etc/x 2>/dev/null && echo PROBE-OK`},
+		// Without root, the image's files may appear to be the program's own.
+		{"image files cannot be changed, even their modes", "bash",
+			`! chmod 777 /usr/bin/env 2>/dev/null && ! touch -m /usr/bin/env 2>/dev/null && [ "$(stat -c %a /usr/bin/env)" = 755 ] && echo PROBE-OK`},
 		{"the workspace is writable and the cwd", "bash", `[ "$PWD" = /workspace ] && echo data > f && [ "$(cat f)" = data ] && echo PROBE-OK`},
 		{"only a loopback interface", "python", `
 names = [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]]

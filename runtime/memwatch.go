@@ -1,10 +1,12 @@
 package runtime
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -26,25 +28,49 @@ const gvisorMemoryFile = "/memfd:runsc-memory"
 // the run then reports as out of memory.
 type memoryWatch struct {
 	limit   int64
+	runsc   int // the sentry is a child of runsc: the shim's pid, after exec
 	peak    atomic.Int64
 	tripped atomic.Bool
 	stop    chan struct{}
 	done    chan struct{}
+
+	mu     sync.Mutex
+	sentry int    // the sandbox process, once found
+	file   string // its memory file's /proc path, once found
 }
 
 // watchMemory starts a memoryWatch of p's sandbox with limit bytes.
 func (p *sandboxProc) watchMemory(limit int64) *memoryWatch {
-	w := &memoryWatch{limit: limit, stop: make(chan struct{}), done: make(chan struct{})}
+	w := &memoryWatch{limit: limit, runsc: p.cmd.Process.Pid, stop: make(chan struct{}), done: make(chan struct{})}
 	go w.run(p)
 	return w
+}
+
+// locate finds the sandbox's memory file, which the sentry opens while it
+// boots, before any program runs. An error means the memory limit cannot
+// be enforced, and the sandbox must not be used.
+func (w *memoryWatch) locate() (sentry int, file string, err error) {
+	if w == nil {
+		return 0, "", nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.file == "" {
+		w.sentry, w.file = findMemoryFile(w.runsc)
+	}
+	if w.file == "" {
+		return 0, "", fmt.Errorf("gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup; run safe-run as root or in a delegated cgroup", gvisorMemoryFile)
+	}
+	return w.sentry, w.file, nil
 }
 
 func (w *memoryWatch) run(p *sandboxProc) {
 	defer close(w.done)
 	tick := time.NewTicker(memoryPoll)
 	defer tick.Stop()
-	var sentry int
-	var file string
+	// A sandbox whose memory file is not found by the time any sandbox
+	// must have started is killed rather than left unbounded.
+	giveUp := time.Now().Add(startTimeout)
 	for {
 		select {
 		case <-w.stop:
@@ -53,13 +79,14 @@ func (w *memoryWatch) run(p *sandboxProc) {
 			return
 		case <-tick.C:
 		}
-		if file == "" {
-			// The sentry is a child of runsc (the shim's pid, after exec),
-			// and opens its memory file while it boots.
-			sentry, file = findMemoryFile(p.cmd.Process.Pid)
-			if file == "" {
-				continue
+		sentry, file, err := w.locate()
+		if err != nil {
+			if time.Now().After(giveUp) {
+				p.rt.log.Error("kill sandbox", "id", p.id, "err", err)
+				p.kill()
+				return
 			}
+			continue
 		}
 		var st syscall.Stat_t
 		if err := syscall.Stat(file, &st); err != nil {
@@ -128,4 +155,34 @@ func childPids(pid int) []int {
 		}
 	}
 	return out
+}
+
+// memoryUsage reads the host memory the sandbox uses now: its cgroup's
+// usage, or without a cgroup, its memory file plus the sentry's own
+// anonymous memory (which the cgroup would also count).
+func (p *sandboxProc) memoryUsage() (int64, error) {
+	if p.mem == nil {
+		return p.cg.memoryUsage()
+	}
+	sentry, file, err := p.mem.locate()
+	if err != nil {
+		return 0, err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(file, &st); err != nil {
+		return 0, fmt.Errorf("read memory usage: %w", err)
+	}
+	return st.Blocks*512 + rssAnon(sentry), nil
+}
+
+// rssAnon reads a process's resident anonymous memory, 0 if unknown.
+func rssAnon(pid int) int64 {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }

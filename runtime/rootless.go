@@ -242,7 +242,7 @@ func DetectUserCgroups() (CgroupLayout, error) {
 	none := CgroupLayout{Mode: CgroupsNone}
 	if !cgroups.IsCgroup2UnifiedMode() {
 		return none, errors.New("this host uses cgroup v1, which cannot be delegated to a user; " +
-			"boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line for cgroup v2, or run safe-run as root")
+			"boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line for cgroup v2, then start safe-run with systemd-run --user --scope -p Delegate=yes; or run safe-run as root")
 	}
 	own, err := ownCgroupV2()
 	if err != nil {

@@ -244,6 +244,10 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 				return fmt.Errorf("%w (runsc exit status %d%s)", errNotStarted, p.runscStatus, p.runscLogTail())
 			case ev.Ready != nil:
 				p.mark("agent_ready")
+				if _, _, err := p.mem.locate(); err != nil {
+					p.kill()
+					return err
+				}
 				p.ready = true
 				p.observeStart()
 				return nil

@@ -176,8 +176,12 @@ func TestDoctor(t *testing.T) {
 		if r.code != 0 || strings.Contains(r.stdout, "FAIL") {
 			t.Fatalf("doctor: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 		}
-		for _, name := range []string{"runsc", "agent", "image", "cgroups", "platform", "sandbox"} {
-			if !strings.Contains(r.stdout, "PASS  "+name) {
+		for _, name := range []string{"user", "runsc", "agent", "image", "cgroups", "platform", "sandbox"} {
+			// Without root and without a delegated cgroup, limits hold but
+			// are weaker: doctor warns and says how to get the stronger ones.
+			warned := name == "cgroups" && os.Geteuid() != 0 &&
+				strings.Contains(r.stdout, "WARN  cgroups") && strings.Contains(r.stdout, "Delegate=yes")
+			if !strings.Contains(r.stdout, "PASS  "+name) && !warned {
 				t.Errorf("no passing %s check in:\n%s", name, r.stdout)
 			}
 		}
