@@ -61,7 +61,7 @@ func UserNamespaceMain(env ...string) {
 	// first.
 	signal.Notify(sigs, unix.SIGINT, unix.SIGTERM, unix.SIGHUP)
 	if err := cmd.Start(); err != nil {
-		userNamespaceFail(fmt.Errorf("create a user namespace: %w; %s", err, UserNamespaceFix()))
+		userNamespaceFail(fmt.Errorf("create a user namespace: %w; %s", err, UserNamespaceFix(err)))
 	}
 	go func() {
 		for s := range sigs {
@@ -171,13 +171,17 @@ func UserNamespaceCapable() error {
 }
 
 // UserNamespaceFix says what keeps ordinary users from creating user
-// namespaces on this host, and the exact fix, as far as it can tell.
-func UserNamespaceFix() string {
+// namespaces on this host, and the exact fix, as far as it can tell from
+// the host and from err, the error creating one (or nil).
+func UserNamespaceFix(err error) string {
 	read := func(path string) string {
 		data, _ := os.ReadFile(path)
 		return string(bytes.TrimSpace(data))
 	}
 	switch {
+	case errors.Is(err, unix.ENOSPC):
+		return "the number of user namespaces is at its limit (user.max_user_namespaces, here or in an enclosing container); " +
+			"raise it as root where it is set: sysctl -w user.max_user_namespaces=15000"
 	case read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
 		return "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0); enable them as root: " +
 			"sysctl -w kernel.unprivileged_userns_clone=1, and keep it in /etc/sysctl.d/60-safe-run.conf"

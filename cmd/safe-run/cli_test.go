@@ -206,6 +206,29 @@ func TestDoctor(t *testing.T) {
 	})
 }
 
+// TestDoctorExplainsMissingUserNamespaces runs doctor as an ordinary user
+// who may not create user namespaces: the enclosing namespace's limit is
+// used up by the one the user is in.
+func TestDoctorExplainsMissingUserNamespaces(t *testing.T) {
+	bin := binary(t)
+	script := `echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --user --map-user=65534 --map-group=65534 "$0" doctor --json`
+	out, err := exec.Command("unshare", "--user", "--map-root-user", "sh", "-c", script, bin).Output()
+	var report struct {
+		OK     bool    `json:"ok"`
+		Checks []check `json:"checks"`
+	}
+	if jerr := json.Unmarshal(out, &report); jerr != nil {
+		t.Fatalf("doctor --json: %v, %v\n%s", err, jerr, out)
+	}
+	if report.OK || len(report.Checks) == 0 {
+		t.Fatalf("doctor reports ok=%v with %d checks; want a failure", report.OK, len(report.Checks))
+	}
+	user := report.Checks[0]
+	if user.Name != "user" || user.OK || !strings.Contains(user.Fix, "user.max_user_namespaces") {
+		t.Errorf("user check = %+v, want a failure naming the max_user_namespaces limit", user)
+	}
+}
+
 func TestExitCodeMapping(t *testing.T) {
 	for _, tc := range []struct {
 		res  sandbox.Result

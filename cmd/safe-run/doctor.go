@@ -138,12 +138,12 @@ func checkUser() check {
 		// enterUserNamespace did not get this far.
 		err := runtime.UserNamespaceCheck()
 		c.Detail += errSuffix(err)
-		c.Fix = runtime.UserNamespaceFix()
+		c.Fix = runtime.UserNamespaceFix(err)
 		return c
 	}
 	if err := runtime.UserNamespaceCapable(); err != nil {
 		c.Detail += "; a user namespace was created, but it is powerless: " + err.Error()
-		c.Fix = runtime.UserNamespaceFix()
+		c.Fix = runtime.UserNamespaceFix(err)
 		return c
 	}
 	c.OK = true
