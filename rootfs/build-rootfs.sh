@@ -26,16 +26,14 @@ safe_run=${SAFE_RUN:-$here/../bin/safe-run}
 
 log() { printf '[rootfs %s] %s\n' "$(date +%T)" "$*" >&2; }
 
-# configure ROOT: what both builders do once the packages are installed.
+# configure ROOT: what both builders do once the packages are installed and
+# apt has cleaned up after itself.
 configure() {
 	local root=$1
 	# matplotlib draws to files only: there is no display in the sandbox.
 	printf 'backend: Agg\n' >"$root/etc/matplotlibrc"
-	# numpy finds BLAS through /etc/ld.so.cache.
-	/sbin/ldconfig -r "$root"
-	rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/log/* \
-		"$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
-		"$root"/tmp/* "$root"/var/tmp/* "$root"/root/.cache
+	rm -rf "$root"/var/log/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+		"$root"/var/tmp/* "$root"/root/.cache
 	# No device nodes, fifos or sockets: the sandbox brings its own /dev.
 	find "$root" -xdev \( -type b -o -type c -o -type p -o -type s \) -delete
 	# No setuid/setgid programs: nothing inside may gain privileges.
@@ -69,8 +67,12 @@ build_archive_unprivileged() {
 		--aptopt='APT::Install-Recommends "false"' \
 		--customize-hook="$(declare -f configure); configure \"\$1\"" \
 		"$SUITE" "$out.partial.tar.gz" ${SAFE_RUN_DEBIAN_MIRROR:+"$SAFE_RUN_DEBIAN_MIRROR"} 2>&1 |
-		grep --line-buffered -E '^I: (downloading|extracting|installing|running|creating|success)' |
-		sed -u 's/^/[rootfs] /' >&2
+		grep --line-buffered -E '^(E|W): |^I: (downloading|extracting|installing|running|creating|success)' |
+		sed -u 's/^/[rootfs] /' >&2 || {
+		rm -f "$out.partial.tar.gz"
+		echo "build-rootfs: mmdebstrap failed (see its E: lines above)" >&2
+		exit 1
+	}
 	mv "$out.partial.tar.gz" "$out"
 	log "archive ready: $(du -h "$out" | cut -f1)"
 }
@@ -108,6 +110,9 @@ build_archive() {
 	rm -f "$root/usr/sbin/policy-rc.d"
 	: >"$root/etc/resolv.conf"
 	chroot "$root" apt-get clean
+	rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/tmp/*
+	# numpy finds BLAS through /etc/ld.so.cache (mmdebstrap writes it itself).
+	chroot "$root" ldconfig
 	configure "$root"
 
 	log "writing $out"
