@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -35,8 +36,7 @@ type memoryWatch struct {
 	done    chan struct{}
 
 	mu     sync.Mutex
-	sentry int    // the sandbox process, once found
-	file   string // its memory file's /proc path, once found
+	sentry int // the sandbox process, once found
 }
 
 // watchMemory starts a memoryWatch of p's sandbox with limit bytes.
@@ -46,22 +46,23 @@ func (p *sandboxProc) watchMemory(limit int64) *memoryWatch {
 	return w
 }
 
-// locate finds the sandbox's memory file, which the sentry opens while it
-// boots, before any program runs. An error means the memory limit cannot
-// be enforced, and the sandbox must not be used.
-func (w *memoryWatch) locate() (sentry int, file string, err error) {
+// locate finds the sentry: the sandbox process that holds gVisor's memory
+// file, which it opens while it boots, before any program runs. An error
+// means the memory limit cannot be enforced, and the sandbox must not be
+// used.
+func (w *memoryWatch) locate() (sentry int, err error) {
 	if w == nil {
-		return 0, "", nil
+		return 0, nil
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.file == "" {
-		w.sentry, w.file = findMemoryFile(w.runsc)
+	if w.sentry == 0 {
+		w.sentry = findSentry(w.runsc)
 	}
-	if w.file == "" {
-		return 0, "", fmt.Errorf("gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup; run safe-run as root or in a delegated cgroup", gvisorMemoryFile)
+	if w.sentry == 0 {
+		return 0, fmt.Errorf("gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup; run safe-run as root or in a delegated cgroup", gvisorMemoryFile)
 	}
-	return w.sentry, w.file, nil
+	return w.sentry, nil
 }
 
 func (w *memoryWatch) run(p *sandboxProc) {
@@ -79,7 +80,7 @@ func (w *memoryWatch) run(p *sandboxProc) {
 			return
 		case <-tick.C:
 		}
-		sentry, file, err := w.locate()
+		sentry, err := w.locate()
 		if err != nil {
 			if time.Now().After(giveUp) {
 				p.rt.log.Error("kill sandbox", "id", p.id, "err", err)
@@ -88,11 +89,10 @@ func (w *memoryWatch) run(p *sandboxProc) {
 			}
 			continue
 		}
-		var st syscall.Stat_t
-		if err := syscall.Stat(file, &st); err != nil {
+		used, alive := memoryFileBytes(sentry)
+		if !alive {
 			return // the sandbox is gone
 		}
-		used := st.Blocks * 512
 		if used > w.peak.Load() {
 			w.peak.Store(used)
 		}
@@ -124,22 +124,53 @@ func (w *memoryWatch) usage() (oomKills uint64, peak int64) {
 	return oomKills, w.peak.Load()
 }
 
-// findMemoryFile looks among the descendants of pid for the process that
-// holds gVisor's memory file open and returns it and the file's /proc path.
-func findMemoryFile(pid int) (int, string) {
+// findSentry looks among the descendants of pid for the process that holds
+// gVisor's memory file open, 0 if none does.
+func findSentry(pid int) int {
 	for _, child := range childPids(pid) {
-		fds, _ := os.ReadDir("/proc/" + strconv.Itoa(child) + "/fd")
-		for _, fd := range fds {
-			path := "/proc/" + strconv.Itoa(child) + "/fd/" + fd.Name()
-			if target, err := os.Readlink(path); err == nil && strings.HasPrefix(target, gvisorMemoryFile) {
-				return child, path
-			}
+		if hasMemoryFile(child) {
+			return child
 		}
-		if sentry, file := findMemoryFile(child); file != "" {
-			return sentry, file
+		if sentry := findSentry(child); sentry != 0 {
+			return sentry
 		}
 	}
-	return 0, ""
+	return 0
+}
+
+func hasMemoryFile(pid int) bool {
+	found := false
+	eachMemoryFile(pid, func(string) { found = true })
+	return found
+}
+
+// memoryFileBytes returns the bytes allocated to the memory files the
+// sentry holds open, and whether it is still there. It looks the files up
+// every time: a restore replaces the memory file the sentry booted with.
+func memoryFileBytes(sentry int) (used int64, alive bool) {
+	alive = eachMemoryFile(sentry, func(path string) {
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil {
+			used += st.Blocks * 512
+		}
+	})
+	return used, alive
+}
+
+// eachMemoryFile calls f with the /proc path of each of gVisor's memory
+// files that pid holds open, and reports whether pid's files could be read.
+func eachMemoryFile(pid int, f func(path string)) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(dir + fd.Name()); err == nil && strings.HasPrefix(target, gvisorMemoryFile) {
+			f(dir + fd.Name())
+		}
+	}
+	return true
 }
 
 // childPids lists the children of pid's threads.
@@ -164,15 +195,15 @@ func (p *sandboxProc) memoryUsage() (int64, error) {
 	if p.mem == nil {
 		return p.cg.memoryUsage()
 	}
-	sentry, file, err := p.mem.locate()
+	sentry, err := p.mem.locate()
 	if err != nil {
 		return 0, err
 	}
-	var st syscall.Stat_t
-	if err := syscall.Stat(file, &st); err != nil {
-		return 0, fmt.Errorf("read memory usage: %w", err)
+	used, alive := memoryFileBytes(sentry)
+	if !alive {
+		return 0, errors.New("read memory usage: the sandbox is gone")
 	}
-	return st.Blocks*512 + rssAnon(sentry), nil
+	return used + rssAnon(sentry), nil
 }
 
 // rssAnon reads a process's resident anonymous memory, 0 if unknown.

@@ -244,7 +244,7 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 				return fmt.Errorf("%w (runsc exit status %d%s)", errNotStarted, p.runscStatus, p.runscLogTail())
 			case ev.Ready != nil:
 				p.mark("agent_ready")
-				if _, _, err := p.mem.locate(); err != nil {
+				if _, err := p.mem.locate(); err != nil {
 					p.kill()
 					return err
 				}
