@@ -152,18 +152,43 @@ func TestRunAsOrdinaryUser(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("the suite itself runs as an ordinary user; this test starts one from root")
 	}
-	home := t.TempDir()
+	// t.TempDir's parent is private to root: the user needs a path it can reach.
+	home, err := os.MkdirTemp("", "safe-run-user-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(home) })
 	if err := os.Chmod(home, 0o777); err != nil {
 		t.Fatal(err)
 	}
+	// So is the checkout, possibly: the user gets copies, side by side, as
+	// `make install` would put them.
+	installed := filepath.Join(home, "bin")
+	for name, src := range map[string]string{"safe-run": bin, "runsc": os.Getenv("SAFE_RUN_RUNSC"), "safe-run-agent": os.Getenv("SAFE_RUN_AGENT")} {
+		if src == "" {
+			src = filepath.Join(filepath.Dir(bin), name)
+		}
+		data, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.MkdirAll(installed, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(installed, name), data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-		bin, "run", "--json", "--lang", "python", "-c", "import os; print(os.getuid(), os.getgid())")
+		filepath.Join(installed, "safe-run"), "run", "--json", "--lang", "python", "-c", "import os; print(os.getuid(), os.getgid())")
 	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + home, "SAFE_RUN_CACHE=" + rootfs.DefaultDir(),
 		"SAFE_RUN_STATE_DIR=" + filepath.Join(home, "state")}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	var res sandbox.Result
 	if jerr := json.Unmarshal(out, &res); err != nil || jerr != nil || res.Status != sandbox.StatusOK || res.Stdout != "65534 65534\n" {
-		t.Fatalf("as uid 65534: %v, %v: %s", err, jerr, out)
+		t.Fatalf("as uid 65534: %v, %v: %s%s", err, jerr, out, stderr.String())
 	}
 	if entries, _ := os.ReadDir(filepath.Join(home, "state")); len(entries) != 0 {
 		t.Errorf("left in the state directory: %v", entries)
