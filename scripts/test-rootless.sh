@@ -10,7 +10,9 @@
 # against the default image root built, used read-only (SAFE_RUN_CACHE). The
 # runtime tests (sandboxes, limits, isolation probes, sessions) and the
 # end-to-end tests of the binary (CLI and MCP over stdio and HTTP) run; every
-# test that passes as root must pass here.
+# test that passes as root must pass here. Not yet the threat suite (TestThreat*,
+# TestSeccomp*, TestFault*): its harness assumes root (host cgroups, runsc run
+# directly for its positive controls) and is not adapted to an ordinary user.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
@@ -47,7 +49,8 @@ echo "== as uid $USER_ID: safe-run doctor"
 status=0
 for t in runtime safe-run; do
 	echo "== as uid $USER_ID: $t tests"
-	(cd "$work/home" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m) || status=1
+	(cd "$work/home" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
+		-test.skip='^(TestThreat|TestSeccomp|TestFault)') || status=1
 done
 leftover=$(pgrep -u "$USER_ID" -af "$work" || true)
 if [[ -n $leftover ]]; then
