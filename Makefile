@@ -11,7 +11,11 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo test test-unit test-security soak vet bench fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless soak vet bench fuzz clean
+
+# Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
+# looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
+PREFIX ?= /usr/local
 
 all: build runsc
 
@@ -46,6 +50,10 @@ demo: deps build runsc rootfs
 	@echo
 	@echo '$$ bin/safe-run run --json --timeout 2s --lang bash -c "echo start; while :; do :; done"'
 	@bin/safe-run run --json --timeout 2s --lang bash -c 'echo start; while :; do :; done' || echo "(exit code $$?: timeout)"
+
+install: build runsc
+	install -d $(DESTDIR)$(PREFIX)/bin
+	install -m 755 bin/safe-run bin/safe-run-agent bin/runsc $(DESTDIR)$(PREFIX)/bin/
 
 vet:
 	$(GO) vet ./...
@@ -94,6 +102,11 @@ test-security: deps build runsc rootfs
 SOAK_RUNS ?= 1000
 soak: deps build runsc rootfs
 	SAFE_RUN_SOAK_RUNS=$(SOAK_RUNS) $(TEST_ENV) $(GO) test -count=1 -timeout 60m -v -run '^TestSoak$$' ./cmd/safe-run/
+
+# The integration tests again as an ordinary user (uid 65534), as desktop MCP
+# clients start safe-run. Run as root after `make test`.
+test-rootless: build runsc rootfs
+	scripts/test-rootless.sh
 
 clean:
 	rm -rf bin

@@ -7,9 +7,12 @@
 #                                      only build the archive (for another machine)
 #
 # This file *is* the recipe: the image is cached under a hash of its bytes, so
-# any edit here produces a new image and leaves the old one alone. The build
-# needs root (debootstrap) and the Debian archive; SAFE_RUN_DEBIAN_MIRROR picks
-# a mirror (debootstrap's default otherwise). SAFE_RUN names the safe-run binary
+# any edit here produces a new image and leaves the old one alone. As root the
+# build uses debootstrap; as an ordinary user, mmdebstrap in its unshare mode
+# (needs newuidmap from the uidmap package and a range in /etc/subuid, which
+# adduser gives every user) or, failing that, its fakechroot mode (needs
+# fakechroot and fakeroot). Either way the Debian archive must be reachable;
+# SAFE_RUN_DEBIAN_MIRROR picks a mirror. SAFE_RUN names the safe-run binary
 # (default: bin/safe-run beside this script).
 set -euo pipefail
 
@@ -23,11 +26,62 @@ safe_run=${SAFE_RUN:-$here/../bin/safe-run}
 
 log() { printf '[rootfs %s] %s\n' "$(date +%T)" "$*" >&2; }
 
+# configure ROOT: what both builders do once the packages are installed and
+# apt has cleaned up after itself.
+configure() {
+	local root=$1
+	# matplotlib draws to files only: there is no display in the sandbox.
+	printf 'backend: Agg\n' >"$root/etc/matplotlibrc"
+	rm -rf "$root"/var/log/* "$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
+		"$root"/var/tmp/* "$root"/root/.cache
+	# No device nodes, fifos or sockets: the sandbox brings its own /dev.
+	find "$root" -xdev \( -type b -o -type c -o -type p -o -type s \) -delete
+	# No setuid/setgid programs: nothing inside may gain privileges.
+	find "$root" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+}
+
+# mmdebstrap_mode prints how an ordinary user can run mmdebstrap here.
+mmdebstrap_mode() {
+	if command -v newuidmap >/dev/null && grep -q "^$(id -un):" /etc/subuid 2>/dev/null; then
+		echo unshare
+	elif command -v fakechroot >/dev/null && command -v fakeroot >/dev/null; then
+		echo fakechroot
+	fi
+}
+
+# build_archive_unprivileged OUT: the same image, built by an ordinary user.
+build_archive_unprivileged() {
+	local out=$1 mode
+	mode=$(mmdebstrap_mode)
+	if ! command -v mmdebstrap >/dev/null || [[ -z $mode ]]; then
+		echo "build-rootfs: building the image without root needs mmdebstrap, and either uidmap (with a range for $(id -un) in /etc/subuid) or fakechroot and fakeroot;" \
+			"have them installed once (apt-get install mmdebstrap uidmap), or import an archive built elsewhere with: safe-run image import --name default FILE" >&2
+		exit 1
+	fi
+	log "mmdebstrap --mode=$mode $SUITE (minbase) with ${PACKAGES[*]}"
+	mkdir -p "$(dirname "$out")"
+	local packages
+	packages=$(IFS=,; echo "${PACKAGES[*]}")
+	# shellcheck disable=SC2016
+	mmdebstrap --mode="$mode" --variant=minbase --include="$packages" \
+		--aptopt='APT::Install-Recommends "false"' \
+		--customize-hook="$(declare -f configure); configure \"\$1\"" \
+		"$SUITE" "$out.partial.tar.gz" ${SAFE_RUN_DEBIAN_MIRROR:+"$SAFE_RUN_DEBIAN_MIRROR"} 2>&1 |
+		grep --line-buffered -E '^(E|W): |^I: (downloading|extracting|installing|running|creating|success)' |
+		sed -u 's/^/[rootfs] /' >&2 || {
+		rm -f "$out.partial.tar.gz"
+		echo "build-rootfs: mmdebstrap failed (see its E: lines above)" >&2
+		exit 1
+	}
+	mv "$out.partial.tar.gz" "$out"
+	log "archive ready: $(du -h "$out" | cut -f1)"
+}
+
 build_archive() {
 	local out=$1
 	if [[ $(id -u) != 0 ]]; then
-		echo "build-rootfs: debootstrap needs root; run as root, or import an archive built elsewhere with: safe-run image import --name default FILE" >&2
-		exit 1
+		build_archive_unprivileged "$out"
+		return
 	fi
 	command -v debootstrap >/dev/null || { echo "build-rootfs: debootstrap is missing; install it: apt-get install -y debootstrap" >&2; exit 1; }
 
@@ -52,22 +106,14 @@ build_archive() {
 		grep --line-buffered -E '^(Setting up|Need to get)' |
 		awk '{ n++; if (n % 20 == 1) { print "[rootfs] " $0; fflush() } }' >&2
 
-	log "configuring"
-	# matplotlib draws to files only: there is no display in the sandbox.
-	printf 'backend: Agg\n' >"$root/etc/matplotlibrc"
-	chroot "$root" ldconfig
-
-	log "cleaning"
+	log "configuring and cleaning"
 	rm -f "$root/usr/sbin/policy-rc.d"
 	: >"$root/etc/resolv.conf"
 	chroot "$root" apt-get clean
-	rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/var/log/* \
-		"$root"/usr/share/doc/* "$root"/usr/share/man/* "$root"/usr/share/info/* \
-		"$root"/tmp/* "$root"/var/tmp/* "$root"/root/.cache
-	# No device nodes, fifos or sockets: the sandbox brings its own /dev.
-	find "$root" -xdev \( -type b -o -type c -o -type p -o -type s \) -delete
-	# No setuid/setgid programs: nothing inside may gain privileges.
-	find "$root" -xdev -type f -perm /6000 -exec chmod ug-s {} +
+	rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/* "$root"/tmp/*
+	# numpy finds BLAS through /etc/ld.so.cache (mmdebstrap writes it itself).
+	chroot "$root" ldconfig
+	configure "$root"
 
 	log "writing $out"
 	mkdir -p "$(dirname "$out")"

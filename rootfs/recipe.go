@@ -33,8 +33,9 @@ func DefaultKey() string {
 // BuildDefault makes the store's default image current: unless the name
 // "default" already points to a complete image of DefaultKey, it runs the
 // recipe to build the archive archives/default-KEY.tar.gz (kept, and reused
-// if there) and imports it. The recipe needs root and debootstrap; its
-// progress lines go to log. built says whether anything was done.
+// if there) and imports it. The recipe uses debootstrap as root and
+// mmdebstrap otherwise; its progress lines go to log. built says whether
+// anything was done.
 func (s Store) BuildDefault(ctx context.Context, opts ImportOptions, log io.Writer) (img Image, built bool, err error) {
 	key := DefaultKey()
 	if img, err := s.Lookup(DefaultName); err == nil && img.Key == key {

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -25,7 +26,7 @@ var cgroupControllers = []string{"memory", "pids", "cpu", "cpuacct"}
 // CgroupLayout says where runs' cgroups go on this host.
 type CgroupLayout struct {
 	// Mode is "v2" (unified), "hybrid" (v1 controllers beside an empty
-	// cgroup2) or "v1".
+	// cgroup2), "v1", or CgroupsNone.
 	Mode string
 	// Parents maps each controller to the directory new cgroups are created
 	// in: safe-run's own cgroup. With v2 the only key is "".
@@ -62,12 +63,25 @@ func DetectCgroups() (CgroupLayout, error) {
 }
 
 func detectV2() (CgroupLayout, error) {
-	l := CgroupLayout{Mode: "v2"}
+	parent, err := ownCgroupV2()
+	if err != nil {
+		return CgroupLayout{Mode: "v2"}, err
+	}
+	return detectV2At(parent)
+}
+
+// ownCgroupV2 returns the directory of this process's cgroup v2.
+func ownCgroupV2() (string, error) {
 	own, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
 	if err != nil {
-		return l, fmt.Errorf("read own cgroup: %w", err)
+		return "", fmt.Errorf("read own cgroup: %w", err)
 	}
-	parent := filepath.Join(fs2.UnifiedMountpoint, own[""])
+	return filepath.Join(fs2.UnifiedMountpoint, own[""]), nil
+}
+
+// detectV2At enables the needed controllers for the children of parent.
+func detectV2At(parent string) (CgroupLayout, error) {
+	l := CgroupLayout{Mode: "v2"}
 	l.Parents = map[string]string{"": parent}
 	need := []string{"memory", "pids", "cpu"}
 	enabled := func() []string {
@@ -101,7 +115,11 @@ type runCgroup struct {
 }
 
 // newRunCgroup creates the cgroup named id below each parent and applies res.
+// Without cgroups (CgroupsNone) it returns an empty runCgroup.
 func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources) (*runCgroup, error) {
+	if layout.Mode == CgroupsNone {
+		return &runCgroup{}, nil
+	}
 	paths := make(map[string]string, len(layout.Parents))
 	for c, parent := range layout.Parents {
 		paths[c] = filepath.Join(parent, id)
@@ -210,6 +228,9 @@ func (c *runCgroup) procsFiles() []string {
 
 // usage reads how many OOM kills the cgroup saw and its peak memory.
 func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
+	if c.mgr == nil {
+		return 0, 0, nil
+	}
 	oomKills, err = c.mgr.OOMKillCount()
 	if err != nil {
 		return 0, 0, fmt.Errorf("read OOM kill count: %w", err)
@@ -230,6 +251,9 @@ func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 // seconds, and until then they keep the cgroup from being removed.
 // memoryUsage reads the memory the cgroup's processes use now.
 func (c *runCgroup) memoryUsage() (int64, error) {
+	if c.mgr == nil {
+		return 0, errors.New("read memory usage: the run has no cgroup")
+	}
 	st, err := c.mgr.GetStats()
 	if err != nil {
 		return 0, fmt.Errorf("read memory usage: %w", err)

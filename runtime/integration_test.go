@@ -20,7 +20,8 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	ShimMain() // the runtime re-executes this test binary as its cgroup shim
+	ShimMain()          // the runtime re-executes this test binary as its cgroup shim
+	UserNamespaceMain() // run as an ordinary user, the tests run in a user namespace
 	os.Exit(m.Run())
 }
 
@@ -42,9 +43,6 @@ func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
 			t.Fatalf(format, args...)
 		}
 		t.Skipf("integration test needs runsc, the agent and the default image (run `make test`): "+format, args...)
-	}
-	if os.Geteuid() != 0 {
-		missing("must run as root")
 	}
 	runsc, agentPath := os.Getenv("SAFE_RUN_RUNSC"), os.Getenv("SAFE_RUN_AGENT")
 	if runsc == "" || agentPath == "" {
@@ -168,6 +166,9 @@ try:
 except OSError as e:
     print("PROBE-OK", e.strerror)`, marker)},
 		{"writing to / and /etc fails", "bash", `! touch /x 2>/dev/null && ! touch /etc/x 2>/dev/null && echo PROBE-OK`},
+		// Without root, the image's files may appear to be the program's own.
+		{"image files cannot be changed, even their modes", "bash",
+			`! chmod 777 /usr/bin/env 2>/dev/null && ! touch -m /usr/bin/env 2>/dev/null && [ "$(stat -c %a /usr/bin/env)" = 755 ] && echo PROBE-OK`},
 		{"the workspace is writable and the cwd", "bash", `[ "$PWD" = /workspace ] && echo data > f && [ "$(cat f)" = data ] && echo PROBE-OK`},
 		{"only a loopback interface", "python", `
 names = [l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]]

@@ -298,7 +298,7 @@ func (p *pool) start(pl *poolLang) (*sandboxProc, error) {
 			return nil, err
 		}
 	}
-	if usage, err := sp.cg.memoryUsage(); err == nil {
+	if usage, err := sp.memoryUsage(); err == nil {
 		p.mu.Lock()
 		pl.memory = usage
 		p.mu.Unlock()

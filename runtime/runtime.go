@@ -111,13 +111,13 @@ func (rt *Runtime) bundleConfig(job sandbox.Job, keepAlive bool) (bundle.Config,
 // DefaultStateDir is /run/safe-run for root and $XDG_RUNTIME_DIR/safe-run
 // (or a directory in /tmp) for other users.
 func DefaultStateDir() string {
-	if os.Geteuid() == 0 {
+	if HostRoot() {
 		return "/run/safe-run"
 	}
 	if d := os.Getenv("XDG_RUNTIME_DIR"); d != "" {
 		return filepath.Join(d, "safe-run")
 	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", os.Geteuid()))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", HostUID()))
 }
 
 // Runtime runs jobs in gVisor sandboxes. It is safe for concurrent use.
@@ -181,9 +181,18 @@ func New(cfg Config) (*Runtime, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create state directory: %w; choose another with --state-dir", err)
 	}
-	layout, err := DetectCgroups()
-	if err != nil {
-		return nil, err
+	var (
+		layout CgroupLayout
+		err    error
+	)
+	if HostRoot() {
+		if layout, err = DetectCgroups(); err != nil {
+			return nil, err
+		}
+	} else if layout, err = userCgroups(); err != nil {
+		// Without root, runs use a delegated cgroup if safe-run has one, and
+		// no cgroup otherwise.
+		cfg.Logger.Info("runs get no cgroup: memory is watched from the host, CPU is not capped", "reason", err)
 	}
 	rt := &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}
 	reaped, err := rt.reapStale()
@@ -235,11 +244,11 @@ func (rt *Runtime) removeCgroup(id string, c *runCgroup) {
 	}()
 }
 
-// CheckPrivileges reports whether this process can run sandboxes: for now
-// only root can.
+// CheckPrivileges reports whether this process can run sandboxes: as root,
+// or as root of its own user namespace (see UserNamespaceMain).
 func CheckPrivileges() error {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("safe-run must run as root for now (rootless sandboxes are not supported yet); run it with sudo, or run `sudo safe-run serve --http 127.0.0.1:8080` and point MCP clients at it")
+		return fmt.Errorf("sandboxes need root or a user namespace of their own; start safe-run as the command (it enters one for ordinary users), or call runtime.UserNamespaceMain first")
 	}
 	return nil
 }

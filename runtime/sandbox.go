@@ -34,6 +34,7 @@ type sandboxProc struct {
 	dir  string   // bundle/, runsc/ (runsc --root), runsc.log, lock
 	lock *os.File // held while the sandbox lives; see reapStale
 	cg   *runCgroup
+	mem  *memoryWatch // the memory limit where there is no cgroup, else nil
 	cmd  *exec.Cmd
 
 	sendMu sync.Mutex
@@ -148,6 +149,9 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 		close(p.exited)
 	}()
 	go p.readEvents(stdoutR)
+	if rt.cgroups.Mode == CgroupsNone {
+		p.mem = p.watchMemory(job.Limits.MemoryBytes)
+	}
 	return nil
 }
 
@@ -240,6 +244,10 @@ func (p *sandboxProc) awaitReady(ctx context.Context) error {
 				return fmt.Errorf("%w (runsc exit status %d%s)", errNotStarted, p.runscStatus, p.runscLogTail())
 			case ev.Ready != nil:
 				p.mark("agent_ready")
+				if _, err := p.mem.locate(); err != nil {
+					p.kill()
+					return err
+				}
 				p.ready = true
 				p.observeStart()
 				return nil
@@ -323,6 +331,9 @@ func (p *sandboxProc) kill() {
 
 // usage reads the sandbox's OOM kills and peak memory from its cgroup.
 func (p *sandboxProc) usage() (oomKills uint64, peak int64) {
+	if p.mem != nil {
+		return p.mem.usage()
+	}
 	oomKills, peak, err := p.cg.usage()
 	if err != nil {
 		p.rt.log.Warn("read cgroup usage", "id", p.id, "err", err)
@@ -356,6 +367,9 @@ func (p *sandboxProc) destroy() error {
 		case <-time.After(2 * time.Second):
 			p.kill()
 		}
+	}
+	if p.mem != nil {
+		p.mem.close()
 	}
 	var errs []error
 	if err := cleanRunDir(p.rt, p.dir, p.id); err != nil {

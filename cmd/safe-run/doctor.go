@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"debug/elf"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -47,8 +48,11 @@ func cmdDoctor(args []string) int {
 	} else {
 		for _, c := range checks {
 			mark := "PASS"
-			if !c.OK {
+			switch {
+			case !c.OK:
 				mark = "FAIL"
+			case c.Fix != "":
+				mark = "WARN" // works, and could be stronger
 			}
 			fmt.Printf("%s  %-9s %s\n", mark, c.Name, c.Detail)
 			if c.Fix != "" {
@@ -73,10 +77,7 @@ func diagnose(host *hostFlags) []check {
 	var checks []check
 	add := func(c check) bool { checks = append(checks, c); return c.OK }
 
-	uid := os.Geteuid()
-	add(check{Name: "user", OK: uid == 0,
-		Detail: fmt.Sprintf("running as uid %d", uid),
-		Fix:    fixIf(uid != 0, "run safe-run as root (rootless use is not supported yet)")})
+	userOK := add(checkUser())
 
 	runsc, source := host.runscPath()
 	runscOK := add(checkRunsc(runsc, source))
@@ -103,9 +104,12 @@ func diagnose(host *hostFlags) []check {
 	add(check{Name: "state", OK: stateErr == nil, Detail: "per-run state in " + stateDir + errSuffix(stateErr),
 		Fix: fixIf(stateErr != nil, "choose a writable local directory with --state-dir or SAFE_RUN_STATE_DIR")})
 
-	layout, cgErr := runtime.DetectCgroups()
-	add(check{Name: "cgroups", OK: cgErr == nil, Detail: describeCgroups(layout) + errSuffix(cgErr),
-		Fix: fixIf(cgErr != nil, "run safe-run in a cgroup with the memory, pids and cpu controllers available to it")})
+	cgroups := checkCgroups()
+	cgErr := error(nil)
+	if !cgroups.OK {
+		cgErr = errors.New(cgroups.Detail)
+	}
+	add(cgroups)
 
 	platformOK := host.platform != "kvm"
 	if host.platform == "kvm" {
@@ -115,12 +119,57 @@ func diagnose(host *hostFlags) []check {
 	add(check{Name: "platform", OK: platformOK, Detail: "gVisor platform " + host.platform,
 		Fix: fixIf(!platformOK, "use --platform systrap (kvm needs /dev/kvm)")})
 
-	if !(runscOK && agentOK && imageOK && stateErr == nil && cgErr == nil && platformOK && uid == 0) {
+	if !(runscOK && agentOK && imageOK && stateErr == nil && cgErr == nil && platformOK && userOK) {
 		add(check{Name: "sandbox", Detail: "not tried until the checks above pass"})
 		return checks
 	}
 	add(trySandbox(host))
 	return checks
+}
+
+// checkUser says whether this process can start sandboxes: as root, or as
+// an ordinary user in a user namespace of its own.
+func checkUser() check {
+	if runtime.HostRoot() {
+		return check{Name: "user", OK: true, Detail: "running as root"}
+	}
+	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", os.Getuid())}
+	if os.Geteuid() != 0 {
+		// enterUserNamespace did not get this far.
+		err := runtime.UserNamespaceCheck()
+		c.Detail += errSuffix(err)
+		c.Fix = runtime.UserNamespaceFix(err)
+		return c
+	}
+	if err := runtime.UserNamespaceCapable(); err != nil {
+		c.Detail += "; a user namespace was created, but it is powerless: " + err.Error()
+		c.Fix = runtime.UserNamespaceFix(err)
+		return c
+	}
+	c.OK = true
+	c.Detail = fmt.Sprintf("running as uid %d without root; sandboxes run in a user namespace of safe-run's own (no setuid helper)", runtime.HostUID())
+	return c
+}
+
+// checkCgroups says where runs' cgroups go, and without root what limits
+// hold and how to get the stronger ones.
+func checkCgroups() check {
+	if runtime.HostRoot() {
+		layout, err := runtime.DetectCgroups()
+		return check{Name: "cgroups", OK: err == nil, Detail: describeCgroups(layout) + errSuffix(err),
+			Fix: fixIf(err != nil, "run safe-run in a cgroup with the memory, pids and cpu controllers available to it")}
+	}
+	layout, err := runtime.DetectUserCgroups()
+	if err == nil {
+		return check{Name: "cgroups", OK: true, Detail: "delegated cgroup v2 " + layout.Parents[""] +
+			": memory, pids and CPU limits are enforced by the kernel, as for root"}
+	}
+	// The cause names the fix; the rest says what holds meanwhile.
+	cause, fix, _ := strings.Cut(err.Error(), "; ")
+	return check{Name: "cgroups", OK: true,
+		Detail: "no delegated cgroup (" + cause + "): memory is enforced by safe-run watching gVisor's memory every 50ms, " +
+			"processes, open files, file sizes and tmpfs sizes by gVisor, time by the host; CPU use is not capped",
+		Fix: "for kernel-enforced memory, pids and CPU limits, " + fix}
 }
 
 func checkRunsc(path, source string) check {

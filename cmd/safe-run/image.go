@@ -25,7 +25,7 @@ Commands:
   import [--name NAME] [--key KEY] FILE
                                       import a docker save archive, an OCI layout (archive or directory),
                                       or a root file system tar (.tar or .tar.gz)
-  build default                       build the default image with its recipe (needs root and debootstrap)
+  build default                       build the default image with its recipe (debootstrap as root, mmdebstrap otherwise)
   ls [--json]                         list the images in the cache
   rm NAME...                          remove names, and images no name points to any more
   dir                                 print the cache directory

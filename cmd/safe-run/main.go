@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -46,7 +47,35 @@ func init() {
 
 func main() {
 	runtime.ShimMain() // never returns when this process is the cgroup shim
+	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
+}
+
+// enterUserNamespace makes a safe-run started by an ordinary user continue
+// as root of a user namespace of its own, for the commands that start
+// sandboxes; doctor only if it can, so that it can explain why not. The
+// user's own directories, which root's defaults would replace inside, are
+// passed on.
+func enterUserNamespace(args []string) {
+	if os.Geteuid() == 0 || len(args) == 0 {
+		return
+	}
+	switch args[0] {
+	case "run", "serve":
+	case "doctor":
+		if runtime.UserNamespaceCheck() != nil {
+			return
+		}
+	default:
+		return
+	}
+	var env []string
+	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": runtime.DefaultStateDir()} {
+		if os.Getenv(name) == "" {
+			env = append(env, name+"="+def)
+		}
+	}
+	runtime.UserNamespaceMain(env...)
 }
 
 func dispatch(args []string) int {

@@ -1,0 +1,219 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// memoryPoll is how often a memory watch reads the sandbox's memory use.
+// A program can allocate beyond its limit for at most this long.
+const memoryPoll = 50 * time.Millisecond
+
+// gvisorMemoryFile is the name of the memory file gVisor's sentry backs all
+// sandbox memory with — processes, tmpfs contents and file caches alike —
+// as it appears among the sentry's open files.
+const gvisorMemoryFile = "/memfd:runsc-memory"
+
+// memoryWatch enforces a run's memory limit where there is no memory
+// cgroup to do it (CgroupsNone): it reads how many bytes gVisor's memory
+// file holds — the sandbox's whole memory by gVisor's own accounting, read
+// from the host — and kills the sandbox when they exceed the limit, which
+// the run then reports as out of memory.
+type memoryWatch struct {
+	limit   int64
+	runsc   int // the sentry is a child of runsc: the shim's pid, after exec
+	peak    atomic.Int64
+	tripped atomic.Bool
+	stop    chan struct{}
+	done    chan struct{}
+
+	mu     sync.Mutex
+	sentry int // the sandbox process, once found
+}
+
+// watchMemory starts a memoryWatch of p's sandbox with limit bytes.
+func (p *sandboxProc) watchMemory(limit int64) *memoryWatch {
+	w := &memoryWatch{limit: limit, runsc: p.cmd.Process.Pid, stop: make(chan struct{}), done: make(chan struct{})}
+	go w.run(p)
+	return w
+}
+
+// locate finds the sentry: the sandbox process that holds gVisor's memory
+// file, which it opens while it boots, before any program runs. An error
+// means the memory limit cannot be enforced, and the sandbox must not be
+// used.
+func (w *memoryWatch) locate() (sentry int, err error) {
+	if w == nil {
+		return 0, nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.sentry == 0 {
+		w.sentry = findSentry(w.runsc)
+	}
+	if w.sentry == 0 {
+		return 0, fmt.Errorf("gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup; run safe-run as root or in a delegated cgroup", gvisorMemoryFile)
+	}
+	return w.sentry, nil
+}
+
+func (w *memoryWatch) run(p *sandboxProc) {
+	defer close(w.done)
+	tick := time.NewTicker(memoryPoll)
+	defer tick.Stop()
+	// A sandbox whose memory file is not found by the time any sandbox
+	// must have started is killed rather than left unbounded.
+	giveUp := time.Now().Add(startTimeout)
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-p.exited:
+			return
+		case <-tick.C:
+		}
+		sentry, err := w.locate()
+		if err != nil {
+			if time.Now().After(giveUp) {
+				p.rt.log.Error("kill sandbox", "id", p.id, "err", err)
+				p.kill()
+				return
+			}
+			continue
+		}
+		used, alive := memoryFileBytes(sentry)
+		if !alive {
+			return // the sandbox is gone
+		}
+		if used > w.peak.Load() {
+			w.peak.Store(used)
+		}
+		if used > w.limit {
+			w.tripped.Store(true)
+			_ = syscall.Kill(sentry, syscall.SIGKILL)
+			p.kill()
+			return
+		}
+	}
+}
+
+// close stops the watch and waits for it.
+func (w *memoryWatch) close() {
+	select {
+	case <-w.stop:
+	default:
+		close(w.stop)
+	}
+	<-w.done
+}
+
+// usage reports whether the watch killed the sandbox, as a cgroup's OOM
+// kill count would, and the peak it saw.
+func (w *memoryWatch) usage() (oomKills uint64, peak int64) {
+	if w.tripped.Load() {
+		oomKills = 1
+	}
+	return oomKills, w.peak.Load()
+}
+
+// findSentry looks among the descendants of pid for the process that holds
+// gVisor's memory file open, 0 if none does.
+func findSentry(pid int) int {
+	for _, child := range childPids(pid) {
+		if hasMemoryFile(child) {
+			return child
+		}
+		if sentry := findSentry(child); sentry != 0 {
+			return sentry
+		}
+	}
+	return 0
+}
+
+func hasMemoryFile(pid int) bool {
+	found := false
+	eachMemoryFile(pid, func(string) { found = true })
+	return found
+}
+
+// memoryFileBytes returns the bytes allocated to the memory files the
+// sentry holds open, and whether it is still there. It looks the files up
+// every time: a restore replaces the memory file the sentry booted with.
+func memoryFileBytes(sentry int) (used int64, alive bool) {
+	alive = eachMemoryFile(sentry, func(path string) {
+		var st syscall.Stat_t
+		if syscall.Stat(path, &st) == nil {
+			used += st.Blocks * 512
+		}
+	})
+	return used, alive
+}
+
+// eachMemoryFile calls f with the /proc path of each of gVisor's memory
+// files that pid holds open, and reports whether pid's files could be read.
+func eachMemoryFile(pid int, f func(path string)) bool {
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	fds, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(dir + fd.Name()); err == nil && strings.HasPrefix(target, gvisorMemoryFile) {
+			f(dir + fd.Name())
+		}
+	}
+	return true
+}
+
+// childPids lists the children of pid's threads.
+func childPids(pid int) []int {
+	tasks, _ := filepath.Glob("/proc/" + strconv.Itoa(pid) + "/task/*/children")
+	var out []int
+	for _, t := range tasks {
+		data, _ := os.ReadFile(t)
+		for _, f := range strings.Fields(string(data)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// memoryUsage reads the host memory the sandbox uses now: its cgroup's
+// usage, or without a cgroup, its memory file plus the sentry's own
+// anonymous memory (which the cgroup would also count).
+func (p *sandboxProc) memoryUsage() (int64, error) {
+	if p.mem == nil {
+		return p.cg.memoryUsage()
+	}
+	sentry, err := p.mem.locate()
+	if err != nil {
+		return 0, err
+	}
+	used, alive := memoryFileBytes(sentry)
+	if !alive {
+		return 0, errors.New("read memory usage: the sandbox is gone")
+	}
+	return used + rssAnon(sentry), nil
+}
+
+// rssAnon reads a process's resident anonymous memory, 0 if unknown.
+func rssAnon(pid int) int64 {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	for _, line := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
