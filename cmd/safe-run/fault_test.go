@@ -168,11 +168,7 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 		if err := c.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		var init mcpgo.InitializeRequest
-		init.Params.ClientInfo = mcpgo.Implementation{Name: "fault", Version: "1"}
-		if _, err := c.Initialize(ctx, init); err != nil {
-			t.Fatal(err)
-		}
+		initialize(t, ctx, c, "fault")
 		return cmd, c, exited
 	}
 	cmd, c, exited := start()

@@ -109,13 +109,19 @@ func startServerEnv(t *testing.T, transportName string, env []string, extraArgs 
 			ts.mu.Unlock()
 		}
 	})
+	initialize(t, ctx, c, "safe-run-test")
+	ts.client = c
+	return ts
+}
+
+// initialize sends the MCP initialize request as the client name.
+func initialize(t *testing.T, ctx context.Context, c *client.Client, name string) {
+	t.Helper()
 	var init mcpgo.InitializeRequest
-	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-test", Version: "1"}
+	init.Params.ClientInfo = mcpgo.Implementation{Name: name, Version: "1"}
 	if _, err := c.Initialize(ctx, init); err != nil {
 		t.Fatalf("initialize: %v", err)
 	}
-	ts.client = c
-	return ts
 }
 
 // waitForURL reads the server's stderr until it says where it listens, and
@@ -357,21 +363,8 @@ func TestMCPCancellationKillsTheSandbox(t *testing.T) {
 // directory shows them all), serves the calls, refills, and is gone when
 // the server stops.
 func TestMCPWarmPool(t *testing.T) {
-	bin := binary(t)
-	stateDir := filepath.Join(t.TempDir(), "state")
-	c, err := client.NewStdioMCPClient(bin, nil, "serve", "--state-dir", stateDir, "--log-level", "warn", "--pool", "python=1,node=1,bash=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts := &testServer{stateDir: stateDir}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	var init mcpgo.InitializeRequest
-	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-test", Version: "1"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatalf("initialize: %v", err)
-	}
-	ts.client = c
+	ts := startServer(t, "stdio", "--pool", "python=1,node=1,bash=1")
+	stateDir := ts.stateDir
 	full := func() bool {
 		pooled, _ := filepath.Glob(filepath.Join(stateDir, "*", "pooled"))
 		return len(pooled) == 3 && len(stateEntries(stateDir)) == 3
@@ -388,7 +381,7 @@ func TestMCPWarmPool(t *testing.T) {
 		}
 		waitUntil(t, time.Minute, full)
 	}
-	c.Close()
+	ts.client.Close()
 	waitUntil(t, 30*time.Second, func() bool {
 		return len(sandboxProcesses(stateDir)) == 0 && len(stateEntries(stateDir)) == 0
 	})
@@ -583,11 +576,7 @@ func TestMCPSessionOutlivesConnection(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var init mcpgo.InitializeRequest
-	init.Params.ClientInfo = mcpgo.Implementation{Name: "second", Version: "1"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	initialize(t, ctx, c, "second")
 	ts.client = c
 	if res, out := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo $PWD $V"}); out["stdout"] != "/tmp kept\n" {
 		t.Errorf("from a new connection: %v %s", out, text(res))

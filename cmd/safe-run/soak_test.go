@@ -82,11 +82,7 @@ func TestSoak(t *testing.T) {
 	if err := c.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var init mcpgo.InitializeRequest
-	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-soak", Version: "1"}
-	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatal(err)
-	}
+	initialize(t, ctx, c, "safe-run-soak")
 
 	pid := cmd.Process.Pid
 	rssBefore, hwmBefore := rss(pid)
