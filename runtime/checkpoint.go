@@ -105,6 +105,8 @@ func (p *pool) restore(pl *poolLang, image string) (*sandboxProc, error) {
 	}
 	sp.mark("restored")
 	sp.observeStart()
+	now := time.Now()
+	_ = os.Chtimes(image, now, now) // in use: not to be pruned
 	return sp, nil
 }
 
@@ -123,7 +125,7 @@ func (p *pool) buildCheckpoint(pl *poolLang) (dir string, built bool, err error)
 	if err := os.MkdirAll(p.cfg.CheckpointDir, 0o700); err != nil {
 		return "", false, fmt.Errorf("create checkpoint directory: %w", err)
 	}
-	removeStalePartials(p.cfg.CheckpointDir, key)
+	p.pruneCheckpoints(p.cfg.CheckpointDir)
 	staging, err := os.MkdirTemp(p.cfg.CheckpointDir, key+partialSuffix)
 	if err != nil {
 		return "", false, fmt.Errorf("create checkpoint directory: %w", err)
@@ -156,16 +158,30 @@ func (p *pool) buildCheckpoint(pl *poolLang) (dir string, built bool, err error)
 // partialSuffix names image directories still being written.
 const partialSuffix = ".partial-"
 
-// removeStalePartials removes image directories of key that a build which
-// died left half-written. One less than an hour old may still be written.
-func removeStalePartials(dir, key string) {
+// Checkpoint images are ~40 MiB and a new agent or runsc binary makes new
+// ones, so old ones are pruned whenever one is built: a directory that a
+// build which died left half-written, once it is older than partialAge (a
+// younger one may still be written), and a complete image no restore has
+// used for unusedAge (each restore refreshes its time). A server that still
+// needed a pruned image rebuilds it after its first failed restore.
+const (
+	partialAge = time.Hour
+	unusedAge  = 7 * 24 * time.Hour
+)
+
+// pruneCheckpoints removes half-written and unused images below dir.
+func (p *pool) pruneCheckpoints(dir string) {
 	entries, _ := os.ReadDir(dir)
 	for _, e := range entries {
-		if !strings.HasPrefix(e.Name(), key+partialSuffix) {
+		fi, err := e.Info()
+		if err != nil || !e.IsDir() {
 			continue
 		}
-		if fi, err := e.Info(); err == nil && time.Since(fi.ModTime()) > time.Hour {
-			_ = os.RemoveAll(filepath.Join(dir, e.Name()))
+		age := time.Since(fi.ModTime())
+		if strings.Contains(e.Name(), partialSuffix) && age > partialAge || age > unusedAge {
+			if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
+				p.rt.log.Warn("remove old checkpoint image", "image", e.Name(), "err", err)
+			}
 		}
 	}
 }
