@@ -28,18 +28,19 @@ const DefaultName = "default"
 
 // DefaultDir returns the cache directory: $SAFE_RUN_CACHE if set, else
 // /var/cache/safe-run for root and $XDG_CACHE_HOME/safe-run (or
-// ~/.cache/safe-run) for other users.
+// ~/.cache/safe-run) for other users. A user with neither variable nor a
+// home gets root's cache, to use read-only: a directory of a predictable
+// name in /tmp could be another user's, holding an image of their choice.
 func DefaultDir() string {
 	if d := os.Getenv("SAFE_RUN_CACHE"); d != "" {
 		return d
 	}
-	if os.Geteuid() == 0 {
-		return "/var/cache/safe-run"
+	if os.Geteuid() != 0 {
+		if d, err := os.UserCacheDir(); err == nil {
+			return filepath.Join(d, "safe-run")
+		}
 	}
-	if d, err := os.UserCacheDir(); err == nil {
-		return filepath.Join(d, "safe-run")
-	}
-	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", os.Geteuid()))
+	return "/var/cache/safe-run"
 }
 
 // Store is an image cache in a directory:

@@ -3,12 +3,14 @@ package main
 import (
 	"flag"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // poolFlags configure the warm pool of `serve`.
@@ -67,9 +69,21 @@ func (p *poolFlags) config(cacheDir string) (runtime.PoolConfig, error) {
 		cfg.Preload[strings.TrimSpace(lang)] = splitList(mods, ",")
 	}
 	if p.checkpoints {
-		cfg.CheckpointDir = filepath.Join(cacheDir, "checkpoints")
+		cfg.CheckpointDir = checkpointDir(cacheDir)
 	}
 	return cfg, nil
+}
+
+// checkpointDir is where checkpoint images of warm sandboxes are cached:
+// beside the images, or in the user's own cache when the image cache is
+// one the user may only read (root's, shared through SAFE_RUN_CACHE).
+func checkpointDir(cacheDir string) string {
+	if unix.Access(cacheDir, unix.W_OK) != nil {
+		if own, err := os.UserCacheDir(); err == nil {
+			return filepath.Join(own, "safe-run", "checkpoints")
+		}
+	}
+	return filepath.Join(cacheDir, "checkpoints")
 }
 
 // splitList splits s at sep, trimming spaces and dropping empty parts.

@@ -125,7 +125,7 @@ func cmdRun(args []string) int {
 	}
 	if *warm {
 		cfg.Pool = runtime.PoolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true,
-			CheckpointDir: filepath.Join(host.cacheDir, "checkpoints")}
+			CheckpointDir: checkpointDir(host.cacheDir)}
 	}
 	rt, err := runtime.New(cfg)
 	if err != nil {
