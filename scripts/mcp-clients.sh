@@ -182,6 +182,9 @@ mkdir -p "$TOOLS"
 INSPECTOR=$TOOLS/node_modules/.bin/mcp-inspector
 CONFORMANCE=$TOOLS/node_modules/.bin/conformance
 STAMP=$TOOLS/.installed
+# An ordinary user may use tools root installed without being able to write
+# there: it then takes the lock for reading, which still waits for an install.
+{ exec 9>>"$TOOLS/.lock"; } 2>/dev/null || exec 9<"$TOOLS/.lock"
 {
 	flock -w "$INSTALL_TIMEOUT" 9 || { echo "mcp-clients: $TOOLS is locked by another install" >&2; exit 1; }
 	if [[ $(cat "$STAMP" 2>/dev/null) == "${PACKAGES[*]}" && -x $INSPECTOR && -x $CONFORMANCE ]]; then
@@ -198,7 +201,8 @@ STAMP=$TOOLS/.installed
 		echo "== npm tools: installed in $TOOLS in $((SECONDS - T0)) s"
 		echo "${PACKAGES[*]}" >"$STAMP"
 	fi
-} 9>"$TOOLS/.lock"
+}
+exec 9>&-
 # The inspector keeps a catalog of servers, a client config, OAuth state and
 # secrets, by default under ~/.mcp-inspector (and maybe the OS keyring). Keep
 # it off them: no user's state is read or written, and every run starts the
@@ -211,7 +215,14 @@ export MCP_INSPECTOR_SECRET_STORE=memory
 
 # --- 1, 2: inspector over stdio ------------------------------------------------
 # The inspector starts `BIN serve` itself and talks to it over its stdin/stdout.
-inspector_checks stdio "$BIN" serve
+# Like desktop clients, it gives the server only a few variables (HOME, PATH,
+# USER, ...); safe-run's own settings set here are passed on with -e, as a
+# client configuration's "env" would.
+SERVER_ENV=()
+for name in $(compgen -e); do
+	case $name in SAFE_RUN_* | XDG_RUNTIME_DIR | XDG_CACHE_HOME) SERVER_ENV+=(-e "$name=${!name}") ;; esac
+done
+inspector_checks stdio "${SERVER_ENV[@]}" "$BIN" serve
 
 # --- 3: inspector over Streamable HTTP -----------------------------------------
 # Port 0: the kernel picks a free port; the server prints the URL once ready.

@@ -13,10 +13,17 @@
 # test that passes as root must pass here. Not yet the threat suite (TestThreat*,
 # TestSeccomp*, TestFault*): its harness assumes root (host cgroups, runsc run
 # directly for its positive controls) and is not adapted to an ordinary user.
+#
+# Then, as the same user: the MCP clients of `make test` (the inspector over
+# stdio and HTTP, the conformance suite), and `make demo` in a checkout of the
+# user's own, which builds runsc and the default image without root into the
+# user's caches ($SAFE_RUN_USER_CACHE, default /var/cache/safe-run-user).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
 USER_ID=65534
+# The user's caches (Go's and safe-run's images), kept between runs.
+USER_CACHE=${SAFE_RUN_USER_CACHE:-/var/cache/safe-run-user}
 
 if [[ $(id -u) != 0 ]]; then
 	echo "test-rootless: run as root: it switches to uid $USER_ID itself" >&2
@@ -52,6 +59,47 @@ for t in runtime safe-run; do
 	(cd "$work/home" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
 		-test.skip='^(TestThreat|TestSeccomp|TestFault)') || status=1
 done
+# Independent MCP clients against the user's server, as `make test` runs them
+# for root: the inspector over stdio (it starts `safe-run serve` itself, as a
+# desktop client does) and over HTTP, and the conformance suite. The npm tools
+# root installed are used read-only.
+echo "== as uid $USER_ID: MCP clients"
+mkdir -p "$work/repo/scripts" "$work/repo/.ci"
+cp scripts/mcp-clients.sh "$work/repo/scripts/"
+cp .ci/conformance-baseline.yml "$work/repo/.ci/"
+(cd "$work/home" && as_user "$work/repo/scripts/mcp-clients.sh" "$work/bin/safe-run") || status=1
+
+# `make demo` in a checkout of the user's own, with nothing of root's: the
+# user builds safe-run, runsc and the default image (mmdebstrap, no root) into
+# caches of its own. Those caches ($USER_CACHE, owned by the user) outlive the
+# run, so later runs rebuild only what changed, as root's /var/cache/safe-run.
+echo "== as uid $USER_ID: make demo in its own checkout, image in its own cache"
+mkdir -p "$USER_CACHE"
+chown "$USER_ID:$USER_ID" "$USER_CACHE"
+mkdir "$work/home/safe-run"
+git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$work/home/safe-run"
+chown -R "$USER_ID:$USER_ID" "$work/home/safe-run"
+go_env=()
+for name in GOFLAGS GOPROXY GOSUMDB GONOSUMDB GOPRIVATE GOTOOLCHAIN; do
+	[[ -n ${!name:-} ]] && go_env+=("$name=${!name}")
+done
+demo_start=$SECONDS
+if (cd "$work/home/safe-run" && as_user env -u SAFE_RUN_CACHE "${go_env[@]}" \
+	PATH="$(dirname "$(command -v "$GO")"):/usr/local/bin:/usr/bin:/bin" \
+	XDG_CACHE_HOME="$USER_CACHE" GOCACHE="$USER_CACHE/go-build" GOMODCACHE="$USER_CACHE/go-mod" \
+	make --no-print-directory demo) >"$work/demo.log" 2>&1; then
+	tail -n 12 "$work/demo.log"
+	if ! grep -q "^hello from .* as uid 65534$" "$work/demo.log"; then
+		echo "test-rootless: make demo did not print the sandbox's greeting" >&2
+		status=1
+	fi
+else
+	tail -n 40 "$work/demo.log"
+	echo "test-rootless: make demo failed as uid $USER_ID" >&2
+	status=1
+fi
+echo "== make demo as uid $USER_ID: $((SECONDS - demo_start)) s"
+
 leftover=$(pgrep -u "$USER_ID" -af "$work" || true)
 if [[ -n $leftover ]]; then
 	echo "test-rootless: processes of uid $USER_ID left running:" >&2
