@@ -218,20 +218,24 @@ func (h hostSigns) seccompFiltered() bool {
 	return false
 }
 
-// insideContainer reports signs that this process runs in a container.
-// None is proof: a virtual machine made from a container image may keep
-// /.dockerenv, so they only choose the wording of a fix.
-func (h hostSigns) insideContainer() bool {
+// containerSign names a sign that this process runs in a container, or
+// is "". None is proof: a virtual machine made from a container image may
+// keep /.dockerenv, so a sign only chooses the wording of a fix.
+func (h hostSigns) containerSign() string {
 	for _, f := range []string{".dockerenv", "run/.containerenv", "run/systemd/container"} {
 		if _, err := os.Stat(filepath.Join(h.root, f)); err == nil {
-			return true
+			return "/" + f
 		}
 	}
-	if h.getenv("container") != "" {
-		return true
+	if v := h.getenv("container"); v != "" {
+		return "container=" + v
 	}
-	cg := h.read("proc/1/cgroup")
-	return strings.Contains(cg, "docker") || strings.Contains(cg, "kubepods") || strings.Contains(cg, "lxc")
+	for _, word := range []string{"docker", "kubepods", "lxc"} {
+		if strings.Contains(h.read("proc/1/cgroup"), word) {
+			return word + " in /proc/1/cgroup"
+		}
+	}
+	return ""
 }
 
 // userNamespaceFix is UserNamespaceFix on the host h. The kernel's settings
@@ -261,15 +265,15 @@ func userNamespaceFix(h hostSigns, err error) string {
 	case refused && h.seccompFiltered():
 		cause := "a seccomp filter on safe-run (Seccomp: 2 in /proc/self/status) refused it with " + unix.ErrnoName(errno) + ": "
 		allow := "a profile that allows unshare, clone and clone3 with CLONE_NEWUSER, and mount"
-		if h.insideContainer() {
-			return cause + "the seccomp profile of the container safe-run runs in; run safe-run on the host, or start the container with " + allow +
+		if sign := h.containerSign(); sign != "" {
+			return cause + "safe-run appears to run in a container (" + sign + "), whose seccomp profile does this; run safe-run on the host, or start the container with " + allow +
 				" (docker run or podman run --security-opt seccomp=unconfined, and --security-opt apparmor=unconfined where AppArmor confines containers)"
 		}
 		return cause + "a container's seccomp profile, or the filter of the service that started safe-run (systemd's RestrictNamespaces= or SystemCallFilter=); " +
 			"run safe-run outside it, or give the container " + allow + " (docker run or podman run --security-opt seccomp=unconfined), " +
 			"or set RestrictNamespaces=no and drop the SystemCallFilter= that denies them in the service's unit"
-	case refused && h.insideContainer():
-		return "safe-run runs inside a container that refuses it (" + unix.ErrnoName(errno) + ") without a seccomp filter, by its security module (AppArmor, SELinux) or its own user namespace settings; " +
+	case refused && h.containerSign() != "":
+		return "safe-run appears to run in a container (" + h.containerSign() + ") that refuses it (" + unix.ErrnoName(errno) + ") without a seccomp filter: by its security module (AppArmor, SELinux) or its own user namespace settings; " +
 			"run safe-run on the host, or start the container with --security-opt apparmor=unconfined (or label=disable for SELinux)"
 	}
 	return "check that the kernel has CONFIG_USER_NS and that no security module forbids unprivileged user namespaces, or run safe-run as root"
@@ -325,7 +329,7 @@ type cgroupSigns struct {
 func detectUserCgroups(c cgroupSigns) (CgroupLayout, error) {
 	none := CgroupLayout{Mode: CgroupsNone}
 	if !c.unified {
-		return none, errors.New("this host's cgroup controllers are on cgroup v1 (legacy or hybrid mode), which cannot be delegated to a user; " +
+		return none, errors.New("this host's cgroup controllers are on cgroup v1, legacy or hybrid, which cannot be delegated to a user; " +
 			"switch to cgroup v2 alone: add systemd.unified_cgroup_hierarchy=1 to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot, " +
 			"then start safe-run with systemd-run --user --scope -p Delegate=yes safe-run ...; or run safe-run as root")
 	}
@@ -351,10 +355,13 @@ func detectUserCgroups(c cgroupSigns) (CgroupLayout, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return none, fmt.Errorf("the %s controllers are not delegated to safe-run's cgroup %s; %s; if they still are not, "+
-			"delegate them to every user's systemd as root: mkdir -p /etc/systemd/system/user@.service.d && "+
-			"printf '[Service]\\nDelegate=memory pids cpu\\n' > /etc/systemd/system/user@.service.d/delegate.conf && systemctl daemon-reload, then log in again",
-			strings.Join(missing, ", "), own, howto)
+		// Writable, so delegated: the controllers stopped above it.
+		return none, fmt.Errorf("safe-run's cgroup %s lacks controllers: %s; "+
+			"delegate them to every user's systemd once, as root: mkdir -p /etc/systemd/system/user@.service.d && "+
+			"printf '[Service]\\nDelegate=memory pids cpu\\n' > /etc/systemd/system/user@.service.d/delegate.conf && systemctl daemon-reload, "+
+			"log in again, and start safe-run with systemd-run --user --scope -p Delegate=yes safe-run ... "+
+			"(without systemd: enable them in cgroup.subtree_control of every cgroup above %s)",
+			own, strings.Join(missing, ", "), own)
 	}
 	if others := strangers(own, c.ours); len(others) > 0 {
 		return none, fmt.Errorf("safe-run's cgroup %s also holds other processes (%v), so it cannot hand controllers down; %s", own, others, howto)

@@ -133,7 +133,11 @@ func checkUser() check {
 	if runtime.HostRoot() {
 		return check{Name: "user", OK: true, Detail: "running as root"}
 	}
-	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", runtime.HostUID())}
+	uid := os.Getuid()
+	if os.Geteuid() == 0 {
+		uid = runtime.HostUID() // root of safe-run's own user namespace
+	}
+	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", uid)}
 	if os.Geteuid() != 0 {
 		// enterUserNamespace did not get this far.
 		err := runtime.UserNamespaceCheck()
