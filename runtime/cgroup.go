@@ -72,11 +72,17 @@ func detectV2() (CgroupLayout, error) {
 
 // ownCgroupV2 returns the directory of this process's cgroup v2.
 func ownCgroupV2() (string, error) {
-	own, err := cgroups.ParseCgroupFile("/proc/self/cgroup")
+	return ownCgroupV2At("/proc/self/cgroup", fs2.UnifiedMountpoint)
+}
+
+// ownCgroupV2At returns the directory, below cgroup v2's mount point, of
+// the cgroup v2 that the cgroup file (a /proc/PID/cgroup) names.
+func ownCgroupV2At(file, mount string) (string, error) {
+	own, err := cgroups.ParseCgroupFile(file)
 	if err != nil {
 		return "", fmt.Errorf("read own cgroup: %w", err)
 	}
-	return filepath.Join(fs2.UnifiedMountpoint, own[""]), nil
+	return filepath.Join(mount, own[""]), nil
 }
 
 // detectV2At enables the needed controllers for the children of parent.

@@ -22,12 +22,14 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 
 	"github.com/opencontainers/cgroups"
+	"github.com/opencontainers/cgroups/fs2"
 	"golang.org/x/sys/unix"
 )
 
@@ -155,66 +157,126 @@ func UserNamespaceCheck() error {
 }
 
 // UserNamespaceCapable checks, inside a user namespace, that its root has
-// the capabilities a sandbox needs there, by mounting a tmpfs in its own
-// mount namespace: a security module (AppArmor on Ubuntu) may let the
-// namespace be created but strip them.
+// the capabilities a sandbox needs there, by mounting a tmpfs in a mount
+// namespace of its own, as runsc does: a security module (AppArmor on
+// Ubuntu) or a seccomp filter may let the namespace be created but refuse
+// what its root does in it. It needs no writable directory.
 func UserNamespaceCapable() error {
-	dir, err := os.MkdirTemp("", "safe-run-userns-")
-	if err != nil {
-		return err
+	errc := make(chan error, 1)
+	go func() {
+		// The thread takes its mount namespace with it: it stays locked, so
+		// Go ends it when this goroutine returns, and no other goroutine
+		// ever sees the tmpfs.
+		goruntime.LockOSThread()
+		errc <- mountInOwnNamespace()
+	}()
+	return <-errc
+}
+
+func mountInOwnNamespace() error {
+	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+		return fmt.Errorf("create a mount namespace: %w", err)
 	}
-	defer os.Remove(dir)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=4k"); err != nil {
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make its mounts private: %w", err)
+	}
+	if err := unix.Mount("tmpfs", "/", "tmpfs", 0, "size=4k"); err != nil {
 		return fmt.Errorf("mount a tmpfs in its own mount namespace: %w", err)
 	}
-	return unix.Unmount(dir, 0)
+	return nil
 }
 
 // UserNamespaceFix says what keeps ordinary users from creating user
-// namespaces on this host, and the exact fix, as far as it can tell from
-// the host and from err, the error creating one (or nil).
+// namespaces on this host, or their root from using one, and the exact
+// fix, as far as it can tell from the host and from err, the error creating
+// or using one.
 func UserNamespaceFix(err error) string {
-	read := func(path string) string {
-		data, _ := os.ReadFile(path)
-		return string(bytes.TrimSpace(data))
+	return userNamespaceFix(hostSigns{root: "/", getenv: os.Getenv}, err)
+}
+
+// hostSigns is what userNamespaceFix reads to find the cause: files below
+// root ("/", or in tests a directory laid out like it) and the environment.
+type hostSigns struct {
+	root   string
+	getenv func(string) string
+}
+
+func (h hostSigns) read(path string) string {
+	data, _ := os.ReadFile(filepath.Join(h.root, path))
+	return string(bytes.TrimSpace(data))
+}
+
+// seccompFiltered reports whether this process runs under a seccomp
+// filter ("Seccomp: 2" in its status): the filter, not the kernel's
+// settings, may be what refuses namespaces.
+func (h hostSigns) seccompFiltered() bool {
+	for _, line := range strings.Split(h.read("proc/self/status"), "\n") {
+		if name, value, ok := strings.Cut(line, ":"); ok && name == "Seccomp" {
+			return strings.TrimSpace(value) == "2"
+		}
 	}
+	return false
+}
+
+// containerSign names a sign that this process runs in a container, or
+// is "". None is proof: a virtual machine made from a container image may
+// keep /.dockerenv, so a sign only chooses the wording of a fix.
+func (h hostSigns) containerSign() string {
+	for _, f := range []string{".dockerenv", "run/.containerenv", "run/systemd/container"} {
+		if _, err := os.Stat(filepath.Join(h.root, f)); err == nil {
+			return "/" + f
+		}
+	}
+	if v := h.getenv("container"); v != "" {
+		return "container=" + v
+	}
+	for _, word := range []string{"docker", "kubepods", "lxc"} {
+		if strings.Contains(h.read("proc/1/cgroup"), word) {
+			return word + " in /proc/1/cgroup"
+		}
+	}
+	return ""
+}
+
+// userNamespaceFix is UserNamespaceFix on the host h. The kernel's settings
+// come first, because they say for sure; a seccomp filter or a container
+// is named only when the kernel refused with the errno one gives.
+func userNamespaceFix(h hostSigns, err error) string {
+	var errno unix.Errno
+	refused := errors.As(err, &errno) && (errno == unix.EPERM || errno == unix.EACCES || errno == unix.ENOSYS)
 	switch {
+	case h.read("proc/sys/kernel/unprivileged_userns_clone") == "0":
+		return "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0); enable them as root: " +
+			"sysctl -w kernel.unprivileged_userns_clone=1, and keep it: echo kernel.unprivileged_userns_clone=1 > /etc/sysctl.d/60-safe-run.conf"
+	case h.read("proc/sys/user/max_user_namespaces") == "0":
+		return "user namespaces are disabled (user.max_user_namespaces=0); enable them as root: " +
+			"sysctl -w user.max_user_namespaces=15000, and keep it: echo user.max_user_namespaces=15000 > /etc/sysctl.d/60-safe-run.conf"
 	case errors.Is(err, unix.ENOSPC):
 		return "the number of user namespaces is at its limit (user.max_user_namespaces, here or in an enclosing container); " +
 			"raise it as root where it is set: sysctl -w user.max_user_namespaces=15000"
-	case read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-		return "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0); enable them as root: " +
-			"sysctl -w kernel.unprivileged_userns_clone=1, and keep it in /etc/sysctl.d/60-safe-run.conf"
-	case read("/proc/sys/user/max_user_namespaces") == "0":
-		return "user namespaces are disabled (user.max_user_namespaces=0); enable them as root: " +
-			"sysctl -w user.max_user_namespaces=15000, and keep it in /etc/sysctl.d/60-safe-run.conf"
-	case read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+	case h.read("proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
 		exe, _ := os.Executable()
 		if resolved, err := filepath.EvalSymlinks(exe); err == nil {
 			exe = resolved
 		}
-		return "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1, Ubuntu 23.10 and later); " +
-			"allow them for this safe-run binary alone, once, as root: " +
+		return "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1, Ubuntu 23.10 and later): " +
+			"it lets one be created but takes its root's capabilities; allow them for this safe-run binary alone, once, as root: " +
 			"printf 'abi <abi/4.0>,\\ninclude <tunables/global>\\nprofile safe-run " + exe + " flags=(unconfined) {\\n  userns,\\n}\\n' > /etc/apparmor.d/safe-run && apparmor_parser -r /etc/apparmor.d/safe-run"
-	case insideContainer():
-		return "safe-run itself runs inside a container whose seccomp profile or capabilities forbid creating namespaces; " +
-			"start that container with a profile that allows unshare and clone with CLONE_NEWUSER (e.g. docker run --security-opt seccomp=unconfined), or run safe-run on the host"
+	case refused && h.seccompFiltered():
+		cause := "a seccomp filter on safe-run (Seccomp: 2 in /proc/self/status) refused it with " + unix.ErrnoName(errno) + ": "
+		allow := "a profile that allows unshare, clone and clone3 with CLONE_NEWUSER, and mount"
+		if sign := h.containerSign(); sign != "" {
+			return cause + "safe-run appears to run in a container (" + sign + "), whose seccomp profile does this; run safe-run on the host, or start the container with " + allow +
+				" (docker run or podman run --security-opt seccomp=unconfined, and --security-opt apparmor=unconfined where AppArmor confines containers)"
+		}
+		return cause + "a container's seccomp profile, or the filter of the service that started safe-run (systemd's RestrictNamespaces= or SystemCallFilter=); " +
+			"run safe-run outside it, or give the container " + allow + " (docker run or podman run --security-opt seccomp=unconfined), " +
+			"or set RestrictNamespaces=no and drop the SystemCallFilter= that denies them in the service's unit"
+	case refused && h.containerSign() != "":
+		return "safe-run appears to run in a container (" + h.containerSign() + ") that refuses it (" + unix.ErrnoName(errno) + ") without a seccomp filter: by its security module (AppArmor, SELinux) or its own user namespace settings; " +
+			"run safe-run on the host, or start the container with --security-opt apparmor=unconfined (or label=disable for SELinux)"
 	}
 	return "check that the kernel has CONFIG_USER_NS and that no security module forbids unprivileged user namespaces, or run safe-run as root"
-}
-
-// insideContainer reports signs that this process runs in a container.
-func insideContainer() bool {
-	for _, f := range []string{"/.dockerenv", "/run/.containerenv"} {
-		if _, err := os.Stat(f); err == nil {
-			return true
-		}
-	}
-	if v := os.Getenv("container"); v != "" {
-		return true
-	}
-	data, _ := os.ReadFile("/proc/1/cgroup")
-	return bytes.Contains(data, []byte("docker")) || bytes.Contains(data, []byte("kubepods")) || bytes.Contains(data, []byte("lxc"))
 }
 
 // HostUID returns the uid this process has on the host: its own outside a
@@ -243,12 +305,35 @@ const supervisorCgroup = "supervisor"
 // cgroup), or none (Mode CgroupsNone, with the error saying why and how to
 // get one). It changes nothing.
 func DetectUserCgroups() (CgroupLayout, error) {
+	return detectUserCgroups(cgroupSigns{
+		unified:  cgroups.IsCgroup2UnifiedMode(),
+		mount:    fs2.UnifiedMountpoint,
+		self:     "/proc/self/cgroup",
+		ours:     []int{os.Getpid(), os.Getppid()},
+		writable: func(path string) error { return unix.Access(path, unix.W_OK) },
+	})
+}
+
+// cgroupSigns is what detectUserCgroups looks at: the host's cgroups, or
+// in tests a directory laid out like them.
+type cgroupSigns struct {
+	unified  bool                    // cgroup v2 alone, no v1 controllers
+	mount    string                  // where cgroup v2 is mounted
+	self     string                  // this process's /proc/self/cgroup
+	ours     []int                   // this process and the one that started it
+	writable func(path string) error // whether this user may write path
+}
+
+// detectUserCgroups is DetectUserCgroups on the host c. Each error is the
+// cause, "; ", then the fix.
+func detectUserCgroups(c cgroupSigns) (CgroupLayout, error) {
 	none := CgroupLayout{Mode: CgroupsNone}
-	if !cgroups.IsCgroup2UnifiedMode() {
-		return none, errors.New("this host uses cgroup v1, which cannot be delegated to a user; " +
-			"boot with systemd.unified_cgroup_hierarchy=1 on the kernel command line for cgroup v2, then start safe-run with systemd-run --user --scope -p Delegate=yes; or run safe-run as root")
+	if !c.unified {
+		return none, errors.New("this host's cgroup controllers are on cgroup v1, legacy or hybrid, which cannot be delegated to a user; " +
+			"switch to cgroup v2 alone: add systemd.unified_cgroup_hierarchy=1 to the kernel command line (GRUB_CMDLINE_LINUX in /etc/default/grub, then update-grub) and reboot, " +
+			"then start safe-run with systemd-run --user --scope -p Delegate=yes safe-run ...; or run safe-run as root")
 	}
-	own, err := ownCgroupV2()
+	own, err := ownCgroupV2At(c.self, c.mount)
 	if err != nil {
 		return none, err
 	}
@@ -258,34 +343,40 @@ func DetectUserCgroups() (CgroupLayout, error) {
 	}
 	howto := "start safe-run in a cgroup delegated to you: systemd-run --user --scope -p Delegate=yes safe-run ..."
 	for _, f := range []string{"cgroup.procs", "cgroup.subtree_control"} {
-		if err := unix.Access(filepath.Join(own, f), unix.W_OK); err != nil {
+		if err := c.writable(filepath.Join(own, f)); err != nil {
 			return none, fmt.Errorf("safe-run's cgroup %s is not delegated to this user (%s: %v); %s", own, f, err, howto)
 		}
 	}
 	data, _ := os.ReadFile(filepath.Join(own, "cgroup.controllers"))
 	var missing []string
-	for _, c := range []string{"memory", "pids", "cpu"} {
-		if !slices.Contains(strings.Fields(string(data)), c) {
-			missing = append(missing, c)
+	for _, ctl := range []string{"memory", "pids", "cpu"} {
+		if !slices.Contains(strings.Fields(string(data)), ctl) {
+			missing = append(missing, ctl)
 		}
 	}
 	if len(missing) > 0 {
-		return none, fmt.Errorf("the %s controllers are not delegated to safe-run's cgroup %s; %s (for cpu, also Delegate=memory pids cpu in user@.service)", strings.Join(missing, ", "), own, howto)
+		// Writable, so delegated: the controllers stopped above it.
+		return none, fmt.Errorf("safe-run's cgroup %s lacks controllers: %s; "+
+			"delegate them to every user's systemd once, as root: mkdir -p /etc/systemd/system/user@.service.d && "+
+			"printf '[Service]\\nDelegate=memory pids cpu\\n' > /etc/systemd/system/user@.service.d/delegate.conf && systemctl daemon-reload, "+
+			"log in again, and start safe-run with systemd-run --user --scope -p Delegate=yes safe-run ... "+
+			"(without systemd: enable them in cgroup.subtree_control of every cgroup above %s)",
+			own, strings.Join(missing, ", "), own)
 	}
-	if others := strangers(own); len(others) > 0 {
+	if others := strangers(own, c.ours); len(others) > 0 {
 		return none, fmt.Errorf("safe-run's cgroup %s also holds other processes (%v), so it cannot hand controllers down; %s", own, others, howto)
 	}
 	return CgroupLayout{Mode: "v2", Parents: map[string]string{"": own}}, nil
 }
 
-// strangers lists the processes in cgroup dir other than this one, the one
-// that started it and the supervisor leaf's.
-func strangers(dir string) []int {
+// strangers lists the processes in cgroup dir other than ours and the
+// supervisor leaf's.
+func strangers(dir string, ours []int) []int {
 	data, _ := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
 	var out []int
 	for _, f := range strings.Fields(string(data)) {
 		pid, _ := strconv.Atoi(f)
-		if pid != os.Getpid() && pid != os.Getppid() {
+		if !slices.Contains(ours, pid) {
 			out = append(out, pid)
 		}
 	}

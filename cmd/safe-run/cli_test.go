@@ -14,7 +14,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -148,41 +147,11 @@ func TestRunBadInput(t *testing.T) {
 // TestRunAsOrdinaryUser runs the binary as uid 65534 with the default
 // image root built, read-only: the whole suite also runs that way in CI.
 func TestRunAsOrdinaryUser(t *testing.T) {
-	bin := binary(t)
 	if os.Geteuid() != 0 {
 		t.Skip("the suite itself runs as an ordinary user; this test starts one from root")
 	}
-	// t.TempDir's parent is private to root: the user needs a path it can reach.
-	home, err := os.MkdirTemp("", "safe-run-user-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(home) })
-	if err := os.Chmod(home, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	// So is the checkout, possibly: the user gets copies, side by side, as
-	// `make install` would put them.
-	installed := filepath.Join(home, "bin")
-	for name, src := range map[string]string{"safe-run": bin, "runsc": os.Getenv("SAFE_RUN_RUNSC"), "safe-run-agent": os.Getenv("SAFE_RUN_AGENT")} {
-		if src == "" {
-			src = filepath.Join(filepath.Dir(bin), name)
-		}
-		data, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.MkdirAll(installed, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(installed, name), data, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cmd := exec.Command("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-		filepath.Join(installed, "safe-run"), "run", "--json", "--lang", "python", "-c", "import os; print(os.getuid(), os.getgid())")
-	cmd.Env = []string{"PATH=/usr/bin:/bin", "HOME=" + home, "SAFE_RUN_CACHE=" + rootfs.DefaultDir(),
-		"SAFE_RUN_STATE_DIR=" + filepath.Join(home, "state")}
+	u := newOrdinaryUser(t)
+	cmd := u.command(u.become(), "run", "--json", "--lang", "python", "-c", "import os; print(os.getuid(), os.getgid())")
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -190,7 +159,7 @@ func TestRunAsOrdinaryUser(t *testing.T) {
 	if jerr := json.Unmarshal(out, &res); err != nil || jerr != nil || res.Status != sandbox.StatusOK || res.Stdout != "65534 65534\n" {
 		t.Fatalf("as uid 65534: %v, %v: %s%s", err, jerr, out, stderr.String())
 	}
-	if entries, _ := os.ReadDir(filepath.Join(home, "state")); len(entries) != 0 {
+	if entries, _ := os.ReadDir(filepath.Join(u.home, "state")); len(entries) != 0 {
 		t.Errorf("left in the state directory: %v", entries)
 	}
 }
@@ -229,29 +198,6 @@ func TestDoctor(t *testing.T) {
 			}
 		}
 	})
-}
-
-// TestDoctorExplainsMissingUserNamespaces runs doctor as an ordinary user
-// who may not create user namespaces: the enclosing namespace's limit is
-// used up by the one the user is in.
-func TestDoctorExplainsMissingUserNamespaces(t *testing.T) {
-	bin := binary(t)
-	script := `echo 1 > /proc/sys/user/max_user_namespaces && exec unshare --user --map-user=65534 --map-group=65534 "$0" doctor --json`
-	out, err := exec.Command("unshare", "--user", "--map-root-user", "sh", "-c", script, bin).Output()
-	var report struct {
-		OK     bool    `json:"ok"`
-		Checks []check `json:"checks"`
-	}
-	if jerr := json.Unmarshal(out, &report); jerr != nil {
-		t.Fatalf("doctor --json: %v, %v\n%s", err, jerr, out)
-	}
-	if report.OK || len(report.Checks) == 0 {
-		t.Fatalf("doctor reports ok=%v with %d checks; want a failure", report.OK, len(report.Checks))
-	}
-	user := report.Checks[0]
-	if user.Name != "user" || user.OK || !strings.Contains(user.Fix, "user.max_user_namespaces") {
-		t.Errorf("user check = %+v, want a failure naming the max_user_namespaces limit", user)
-	}
 }
 
 func TestExitCodeMapping(t *testing.T) {

@@ -133,16 +133,23 @@ func checkUser() check {
 	if runtime.HostRoot() {
 		return check{Name: "user", OK: true, Detail: "running as root"}
 	}
-	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", os.Getuid())}
+	uid := os.Getuid()
+	if os.Geteuid() == 0 {
+		uid = runtime.HostUID() // root of safe-run's own user namespace
+	}
+	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", uid)}
 	if os.Geteuid() != 0 {
 		// enterUserNamespace did not get this far.
 		err := runtime.UserNamespaceCheck()
-		c.Detail += errSuffix(err)
+		if err == nil {
+			err = errors.New("a user namespace could not be created a moment ago, and now can")
+		}
+		c.Detail += ": " + err.Error()
 		c.Fix = runtime.UserNamespaceFix(err)
 		return c
 	}
 	if err := runtime.UserNamespaceCapable(); err != nil {
-		c.Detail += "; a user namespace was created, but it is powerless: " + err.Error()
+		c.Detail += "; a user namespace was created, but its root is powerless: " + err.Error()
 		c.Fix = runtime.UserNamespaceFix(err)
 		return c
 	}
