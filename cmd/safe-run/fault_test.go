@@ -3,7 +3,8 @@ package main
 // Faults of the host rather than of the code: a broken runsc, a sandbox
 // killed from outside, a server killed and started again, a full state
 // directory. Each must end in a clear error or an honest sandbox_error, and
-// leave nothing behind.
+// leave nothing behind. As root, and as an ordinary user with its state in
+// $XDG_RUNTIME_DIR, safe-run's default there (scripts/test-rootless.sh).
 
 import (
 	"bytes"
@@ -23,8 +24,29 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sys/unix"
 
+	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
+
+// faultStateDir is a fresh state directory for one fault: below the test's
+// temporary directory for root, and for an ordinary user below
+// $XDG_RUNTIME_DIR, where its safe-run keeps state unless told otherwise.
+func faultStateDir(t *testing.T) string {
+	t.Helper()
+	if runtime.HostRoot() {
+		return filepath.Join(t.TempDir(), "state")
+	}
+	xdg := os.Getenv("XDG_RUNTIME_DIR")
+	if xdg == "" {
+		t.Fatal("XDG_RUNTIME_DIR is not set: an ordinary user's safe-run keeps its state there")
+	}
+	dir, err := os.MkdirTemp(xdg, "fault-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return filepath.Join(dir, "state")
+}
 
 func TestFaultBrokenRunsc(t *testing.T) {
 	binary(t)
@@ -43,7 +65,7 @@ func TestFaultBrokenRunsc(t *testing.T) {
 		{"not a program", garbage, "is not a program"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			stateDir := filepath.Join(t.TempDir(), "state")
+			stateDir := faultStateDir(t)
 			r := safeRun(t, "", "run", "--runsc", tc.runsc, "--state-dir", stateDir, "--lang", "bash", "-c", "echo hi")
 			lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
 			if r.code != exitSandboxError || r.stdout != "" || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "make runsc") || len(lines) != 1 {
@@ -66,7 +88,7 @@ func TestFaultBrokenRunsc(t *testing.T) {
 			if d.code != 1 || report.OK || runsc == nil || runsc.OK || !strings.Contains(runsc.Fix, "make runsc") {
 				t.Errorf("doctor: exit %d, ok %v, runsc check %+v; want a failing runsc check with the fix", d.code, report.OK, runsc)
 			}
-			assertNoLeftovers(t, mustCgroupParents(t), nil, stateDir)
+			assertNoLeftovers(t, testCgroupParents(t), nil, stateDir)
 		})
 	}
 }
@@ -87,9 +109,9 @@ func killSandboxProcesses(t *testing.T, stateDir string) int {
 
 func TestFaultSandboxKilledFromOutside(t *testing.T) {
 	bin := binary(t)
-	parents := mustCgroupParents(t)
+	parents := testCgroupParents(t)
 	t.Run("cli", func(t *testing.T) {
-		stateDir := filepath.Join(t.TempDir(), "state")
+		stateDir := faultStateDir(t)
 		cmd := exec.Command(bin, "run", "--json", "--state-dir", stateDir, "--lang", "bash", "-c", "echo started; sleep 60")
 		var out, errOut bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errOut
@@ -117,7 +139,7 @@ func TestFaultSandboxKilledFromOutside(t *testing.T) {
 		assertNoLeftovers(t, parents, []string{id}, stateDir)
 	})
 	t.Run("mcp", func(t *testing.T) {
-		ts := startServer(t, "stdio")
+		ts := startServerAt(t, "stdio", faultStateDir(t), nil)
 		done := make(chan *threatRun, 1)
 		go func() {
 			done <- mcpRun(t, ts, map[string]any{"language": "python", "code": "import time\nprint('started', flush=True)\ntime.sleep(60)"})
@@ -143,11 +165,13 @@ func TestFaultSandboxKilledFromOutside(t *testing.T) {
 // run is in progress, checks that this left state behind (so the reaper has
 // work), starts the server again on the same state directory, and checks
 // that the start-up removed the dead server's sandboxes, cgroups and
-// directories.
+// directories. Without root the process killed is the one that serves, in
+// its user namespace: the one the client started would pass a kill of its
+// own on as SIGTERM, and the server would clean up.
 func TestFaultServerKilledAndRestarted(t *testing.T) {
 	bin := binary(t)
-	parents := mustCgroupParents(t)
-	stateDir := filepath.Join(t.TempDir(), "state")
+	parents := testCgroupParents(t)
+	stateDir := faultStateDir(t)
 	start := func() (*exec.Cmd, *client.Client, chan struct{}) {
 		cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "info")
 		stderr, _ := cmd.StderrPipe()
@@ -193,7 +217,11 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 		t.Fatalf("create_session: %v %v", err, res)
 	}
 	time.Sleep(time.Second)
-	cmd.Process.Signal(syscall.SIGKILL)
+	serving := serverPid(t, stateDir)
+	if runtime.HostRoot() != (serving == cmd.Process.Pid) {
+		t.Fatalf("the serving process is %d, the one started %d: want the same as root, a child of it otherwise", serving, cmd.Process.Pid)
+	}
+	syscall.Kill(serving, syscall.SIGKILL)
 	<-exited
 	time.Sleep(time.Second)
 	before := leftovers(parents, []string{id}, stateDir)
@@ -238,33 +266,71 @@ func stopServer(t *testing.T, cmd *exec.Cmd, exited chan struct{}) {
 
 // TestFaultStateDirFull puts the state directory on a small tmpfs that is
 // full: runs fail with a clear error and leave no partial state; doctor
-// says the state directory is not usable.
+// says the state directory is not usable. An ordinary user cannot mount a
+// tmpfs on the host, so its safe-run gets one in a user and mount namespace
+// of the user's own — where it runs anyway — in $XDG_RUNTIME_DIR (itself a
+// small tmpfs on desktops).
 func TestFaultStateDirFull(t *testing.T) {
 	binary(t)
-	mnt := t.TempDir()
-	if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
-		t.Fatalf("mount a tmpfs: %v", err)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
-	stateDir := filepath.Join(mnt, "state")
-	if err := os.Mkdir(stateDir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Create(filepath.Join(mnt, "filler"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := f.Write(make([]byte, 4096)); err != nil {
-			if !errors.Is(err, syscall.ENOSPC) {
-				t.Fatal(err)
-			}
-			break
+	stateDir := faultStateDir(t)
+	mnt := filepath.Dir(stateDir)
+	if runtime.HostRoot() {
+		if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
+			t.Fatalf("mount a tmpfs: %v", err)
 		}
+		t.Cleanup(func() { unix.Unmount(mnt, unix.MNT_DETACH) })
+		if err := os.Mkdir(stateDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(mnt, "filler"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			if _, err := f.Write(make([]byte, 4096)); err != nil {
+				if !errors.Is(err, syscall.ENOSPC) {
+					t.Fatal(err)
+				}
+				break
+			}
+		}
+		f.Close()
 	}
-	f.Close()
+	// listing is where, without root, the namespace's shell lists what the
+	// run left in the state directory before the tmpfs goes with it.
+	listing := filepath.Join(t.TempDir(), "left")
+	onFullStateDir := func(args ...string) cliResult {
+		if runtime.HostRoot() {
+			return safeRun(t, "", args...)
+		}
+		script := `set -e
+mount -t tmpfs -o size=1m,mode=0700 tmpfs "$MNT"
+mkdir "$MNT/state"
+if head -c 2M /dev/zero > "$MNT/filler" 2>/dev/null; then echo "the tmpfs did not fill" >&2; exit 99; fi
+set +e
+"$@"
+status=$?
+ls -A "$MNT/state" > "$LISTING"
+exit $status`
+		cmd := hostUserNamespace(context.Background(), append([]string{"/bin/sh", "-c", script, "sh", binary(t)}, args...)...)
+		cmd.Env = append(os.Environ(), "MNT="+mnt, "LISTING="+listing)
+		var out, errOut bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		err := cmd.Run()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("run in a user namespace: %v", err)
+		}
+		if cmd.ProcessState.ExitCode() == 99 {
+			t.Fatalf("could not fill the state directory's tmpfs: %s", errOut.String())
+		}
+		if left, err := os.ReadFile(listing); err != nil || len(left) > 0 {
+			t.Errorf("left in the full state directory: %q %v", left, err)
+		}
+		return cliResult{code: cmd.ProcessState.ExitCode(), stdout: out.String(), stderr: errOut.String()}
+	}
 
-	r := safeRun(t, "", "run", "--json", "--state-dir", stateDir, "--lang", "bash", "-c", "echo hi")
+	r := onFullStateDir("run", "--json", "--state-dir", stateDir, "--lang", "bash", "-c", "echo hi")
 	var res sandbox.Result
 	if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
 		t.Fatalf("no JSON result (exit %d): %v\n%s%s", r.code, err, r.stdout, r.stderr)
@@ -278,9 +344,9 @@ func TestFaultStateDirFull(t *testing.T) {
 	if res.SandboxID != "" {
 		ids = append(ids, res.SandboxID)
 	}
-	assertNoLeftovers(t, mustCgroupParents(t), ids, stateDir)
+	assertNoLeftovers(t, testCgroupParents(t), ids, stateDir)
 
-	d := safeRun(t, "", "doctor", "--json", "--state-dir", stateDir)
+	d := onFullStateDir("doctor", "--json", "--state-dir", stateDir)
 	var report struct {
 		Checks []check `json:"checks"`
 	}

@@ -56,8 +56,14 @@ func startServer(t *testing.T, transportName string, extraArgs ...string) *testS
 // startServerEnv is startServer with env added to the server's environment.
 func startServerEnv(t *testing.T, transportName string, env []string, extraArgs ...string) *testServer {
 	t.Helper()
+	return startServerAt(t, transportName, filepath.Join(t.TempDir(), "state"), env, extraArgs...)
+}
+
+// startServerAt is startServerEnv with the given state directory.
+func startServerAt(t *testing.T, transportName, stateDir string, env []string, extraArgs ...string) *testServer {
+	t.Helper()
 	bin := binary(t)
-	ts := &testServer{stateDir: filepath.Join(t.TempDir(), "state")}
+	ts := &testServer{stateDir: stateDir}
 	// TEST_SERVE_LOG_LEVEL=debug shows the HTTP server's log while testing.
 	level := os.Getenv("TEST_SERVE_LOG_LEVEL")
 	if level == "" {

@@ -5,6 +5,13 @@ package main
 // through (`safe-run run` and the MCP tool run_code), the host-side checks
 // made after every case, and the positive controls that run the identical
 // probe where the restriction is lifted.
+//
+// The suite runs as root, as CI's `make test` does, and again as an
+// ordinary user (scripts/test-rootless.sh): then safe-run, runsc and
+// gVisor's processes are that user on the host, the victims and canaries
+// the probes go for are the same user's, the host checks use what that
+// user can observe (/proc, not root's cgroups), and the positive controls
+// run as that user — the one outside the sandbox the probe must not become.
 
 import (
 	"bytes"
@@ -21,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,6 +65,11 @@ type threatHarness struct {
 	sshPath                     string
 	tcpN, abstractN, sshN       atomic.Int64
 	victim, controlVictim       *exec.Cmd
+	peer, controlPeer           *exec.Cmd // same-uid processes with the canary in their environment
+	runtimeDir, runtimeSock     string    // $XDG_RUNTIME_DIR and a socket the user's services would offer there
+	runtimeSockL                net.Listener
+	runtimeN                    atomic.Int64
+	root                        bool // runtime.HostRoot(): the suite runs as root, not as an ordinary user
 	cliState, tmp               string
 	server                      *testServer
 	serverPid                   int
@@ -74,11 +87,8 @@ type threatHarness struct {
 func newThreatHarness(t *testing.T) *threatHarness {
 	t.Helper()
 	bin := binary(t)
-	if os.Geteuid() != 0 {
-		t.Fatal("the threat suite runs as root, as safe-run does")
-	}
 	h := &threatHarness{
-		bin: bin, tmp: t.TempDir(), ids: map[string]bool{}, stopPolling: make(chan struct{}),
+		bin: bin, tmp: t.TempDir(), ids: map[string]bool{}, stopPolling: make(chan struct{}), root: runtime.HostRoot(),
 		// The same limits on both paths: memory small enough that memory
 		// bombs end quickly and large enough for the fill probes (256 MiB
 		// tmpfs); processes few enough that a Python fork bomb reaches the
@@ -142,16 +152,38 @@ func newThreatHarness(t *testing.T) *threatHarness {
 	if h.ssh, err = net.Listen("unix", h.sshPath); err != nil {
 		t.Fatal(err)
 	}
+	// A socket in the user's runtime directory, where a desktop session's
+	// services (D-Bus, PipeWire, Wayland, gpg-agent) listen and where
+	// safe-run keeps its state without root. Root's suite makes one of its
+	// own when none is set.
+	if h.runtimeDir = os.Getenv("XDG_RUNTIME_DIR"); h.runtimeDir == "" {
+		h.runtimeDir = filepath.Join(h.tmp, "xdg-runtime")
+		if err := os.Mkdir(h.runtimeDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.runtimeSock = filepath.Join(h.runtimeDir, "safe-run-threat-"+randomHex(4)+".sock")
+	if h.runtimeSockL, err = net.Listen("unix", h.runtimeSock); err != nil {
+		t.Fatal(err)
+	}
 	count(h.tcp, &h.tcpN)
 	count(h.abstract, &h.abstractN)
 	count(h.ssh, &h.sshN)
-	t.Cleanup(func() { h.tcp.Close(); h.abstract.Close(); h.ssh.Close() })
+	count(h.runtimeSockL, &h.runtimeN)
+	t.Cleanup(func() { h.tcp.Close(); h.abstract.Close(); h.ssh.Close(); h.runtimeSockL.Close() })
+
+	if h.controlPython, err = exec.LookPath("python3"); err != nil {
+		t.Fatalf("the positive controls need python3 on the host: %v", err)
+	}
+	h.controlShell = "/bin/bash"
 
 	// Host processes the probes try to signal: one for the sandboxes, one
-	// the positive control may kill.
+	// the positive control may kill. And processes of the same uid as
+	// safe-run that may be traced and hold the canary in their environment.
 	h.victim, h.controlVictim = startVictim(t), startVictim(t)
+	h.peer, h.controlPeer = h.startPeer(t), h.startPeer(t)
 
-	if h.cgroupParents = mustCgroupParents(t); len(h.cgroupParents) == 0 {
+	if h.cgroupParents = testCgroupParents(t); len(h.cgroupParents) == 0 && h.root {
 		t.Fatal("no cgroup parents found")
 	}
 	h.cliState = filepath.Join(h.tmp, "cli-state")
@@ -159,11 +191,6 @@ func newThreatHarness(t *testing.T) *threatHarness {
 	h.serverPid = serverPid(t, h.server.stateDir)
 	h.pollIDs(h.cliState, h.server.stateDir)
 	t.Cleanup(func() { close(h.stopPolling); h.pollerDone.Wait() })
-
-	if h.controlPython, err = exec.LookPath("python3"); err != nil {
-		t.Fatalf("the positive controls need python3 on the host: %v", err)
-	}
-	h.controlShell = "/bin/bash"
 	return h
 }
 
@@ -174,7 +201,27 @@ func (h *threatHarness) env() []string {
 
 func startVictim(t *testing.T) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command("sleep", "3600")
+	return startProcess(t, exec.Command("sleep", "3600"))
+}
+
+// peerCode is the program of a host process of the suite's own uid — the
+// uid of safe-run, and without root of runsc and gVisor too: it holds the
+// canary in its environment and lets any process of its uid trace it, as
+// with Yama's ptrace_scope=0, so that only the sandbox stands between a
+// probe and it.
+const peerCode = `import ctypes, time
+ctypes.CDLL(None).prctl(0x59616d61, ctypes.c_ulong(-1), 0, 0, 0)  # PR_SET_PTRACER, PR_SET_PTRACER_ANY
+time.sleep(3600)`
+
+func (h *threatHarness) startPeer(t *testing.T) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(h.controlPython, "-c", peerCode)
+	cmd.Env = append(os.Environ(), h.env()...)
+	return startProcess(t, cmd)
+}
+
+func startProcess(t *testing.T, cmd *exec.Cmd) *exec.Cmd {
+	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -198,8 +245,19 @@ func isZombie(pid int) bool {
 	return len(fields) == 0 || fields[0] == "Z" || fields[0] == "X"
 }
 
-func mustCgroupParents(t *testing.T) map[string]string {
+// testCgroupParents returns where safe-run, started by this test, puts its
+// runs' cgroups: root's own cgroups; for an ordinary user the cgroup v2
+// delegated to it, or none (the README's last column: no cgroup at all,
+// so there is none to check).
+func testCgroupParents(t *testing.T) map[string]string {
 	t.Helper()
+	if !runtime.HostRoot() {
+		layout, err := runtime.DetectUserCgroups()
+		if err != nil {
+			t.Logf("runs get no cgroup as uid %d: %v", os.Getuid(), err)
+		}
+		return layout.Parents
+	}
 	layout, err := runtime.DetectCgroups()
 	if err != nil {
 		t.Fatalf("cgroups: %v", err)
@@ -207,9 +265,13 @@ func mustCgroupParents(t *testing.T) map[string]string {
 	return layout.Parents
 }
 
-// serverPid finds the `safe-run serve` process using stateDir.
+// serverPid finds the `safe-run serve` process using stateDir: the one that
+// serves. Without root there are two with the same command line — the one
+// the client started, and the one it ran again in a user namespace, which
+// serves — and the second is the first's child.
 func serverPid(t *testing.T, stateDir string) int {
 	t.Helper()
+	var found []int
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		cmdline, err := os.ReadFile(p)
@@ -219,11 +281,33 @@ func serverPid(t *testing.T, stateDir string) int {
 		args := strings.Split(string(cmdline), "\x00")
 		if len(args) > 2 && args[1] == "serve" && strings.Contains(string(cmdline), "\x00"+stateDir+"\x00") {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			found = append(found, pid)
+		}
+	}
+	if len(found) == 1 {
+		return found[0]
+	}
+	for _, pid := range found {
+		if len(found) == 2 && slices.Contains(found, parentPid(pid)) {
 			return pid
 		}
 	}
-	t.Fatalf("no safe-run serve process with state directory %s", stateDir)
+	t.Fatalf("no single safe-run serve process with state directory %s: %v", stateDir, found)
 	return 0
+}
+
+// parentPid reads a process's parent from /proc, 0 if it is gone.
+func parentPid(pid int) int {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+	if len(fields) < 2 {
+		return 0
+	}
+	ppid, _ := strconv.Atoi(fields[1])
+	return ppid
 }
 
 // pollIDs records the names of the run directories that appear in dirs, so
@@ -270,6 +354,7 @@ func (h *threatHarness) seenIDs() []string {
 // probeVars are the values substituted into a probe's code.
 type probeVars struct {
 	pids      []int
+	peer      int // a process of the suite's own uid (startPeer)
 	hostPaths []string
 }
 
@@ -293,6 +378,10 @@ func (h *threatHarness) expand(code string, v probeVars) string {
 		"{{TCP_PORT}}", strconv.Itoa(h.tcp.Addr().(*net.TCPAddr).Port),
 		"{{ABSTRACT}}", h.marker,
 		"{{SSH_SOCK}}", h.sshPath,
+		"{{PEER}}", strconv.Itoa(v.peer),
+		"{{RUNTIME_DIR}}", h.runtimeDir,
+		"{{RUNTIME_SOCK}}", h.runtimeSock,
+		"{{HOME}}", filepath.Dir(h.canaryFile),
 		"{{HOST_PATHS}}", "["+strings.Join(quoted, ", ")+"]",
 	).Replace(code)
 }
@@ -300,13 +389,13 @@ func (h *threatHarness) expand(code string, v probeVars) string {
 // sandboxVars are the values of a probe run in a sandbox: the pids of the
 // server (or of this test, for the CLI), and of the victim.
 func (h *threatHarness) sandboxVars(serverPid int) probeVars {
-	return probeVars{pids: []int{serverPid, h.victim.Process.Pid}, hostPaths: h.hostPaths()}
+	return probeVars{pids: []int{serverPid, h.victim.Process.Pid}, peer: h.peer.Process.Pid, hostPaths: h.hostPaths()}
 }
 
 // hostPaths are host paths whose names must never show inside a sandbox.
 func (h *threatHarness) hostPaths() []string {
 	repo, _ := filepath.Abs(filepath.Dir(filepath.Dir(h.bin)))
-	return []string{repo, h.tmp, h.cliState, h.server.stateDir, h.imageRoot, rootfs.DefaultDir(), filepath.Dir(h.canaryFile)}
+	return []string{repo, h.tmp, h.cliState, h.server.stateDir, h.imageRoot, rootfs.DefaultDir(), filepath.Dir(h.canaryFile), h.runtimeDir}
 }
 
 // threatRun is what one run through a public path produced.
@@ -386,12 +475,13 @@ func mcpRun(t *testing.T, ts *testServer, args map[string]any) *threatRun {
 	return r
 }
 
-// control runs the identical probe on the host, as root, where none of the
-// sandbox's restrictions apply, and returns its output.
+// control runs the identical probe on the host, as the suite's user (root,
+// or the ordinary user safe-run then runs as), where none of the sandbox's
+// restrictions apply, and returns its output.
 func (h *threatHarness) control(t *testing.T, lang, code string) string {
 	t.Helper()
 	dir := t.TempDir()
-	code = h.expand(code, probeVars{pids: []int{h.controlVictim.Process.Pid}, hostPaths: h.hostPaths()})
+	code = h.expand(code, probeVars{pids: []int{h.controlVictim.Process.Pid}, peer: h.controlPeer.Process.Pid, hostPaths: h.hostPaths()})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var cmd *exec.Cmd
@@ -437,8 +527,19 @@ func (h *threatHarness) assertHostClean(t *testing.T) {
 			}
 		}
 	}
+	for _, dir := range []string{filepath.Dir(h.canaryFile), h.runtimeDir} {
+		if _, err := os.Lstat(filepath.Join(dir, h.marker)); err == nil {
+			t.Errorf("a probe created %s", filepath.Join(dir, h.marker))
+		}
+	}
 	if !alive(h.victim.Process.Pid) {
 		t.Errorf("the victim process %d was killed", h.victim.Process.Pid)
+	}
+	if !alive(h.peer.Process.Pid) {
+		t.Errorf("the same-uid peer process %d was killed", h.peer.Process.Pid)
+	}
+	if status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", h.peer.Process.Pid)); !bytes.Contains(status, []byte("\nTracerPid:\t0\n")) {
+		t.Errorf("the same-uid peer process %d is being traced:\n%s", h.peer.Process.Pid, status)
 	}
 	if !alive(h.serverPid) {
 		t.Fatalf("the MCP server (pid %d) died", h.serverPid)
@@ -448,7 +549,8 @@ func (h *threatHarness) assertHostClean(t *testing.T) {
 	if err := h.server.client.Ping(ctx); err != nil {
 		t.Errorf("the MCP server does not answer a ping: %v", err)
 	}
-	for name, n := range map[string]*atomic.Int64{"127.0.0.1 listener": &h.tcpN, "abstract socket": &h.abstractN, "ssh-agent socket": &h.sshN} {
+	for name, n := range map[string]*atomic.Int64{"127.0.0.1 listener": &h.tcpN, "abstract socket": &h.abstractN, "ssh-agent socket": &h.sshN,
+		"$XDG_RUNTIME_DIR socket": &h.runtimeN} {
 		if c := n.Load(); c != 0 {
 			t.Errorf("the host's %s accepted %d connections from sandboxes", name, c)
 		}
@@ -480,6 +582,9 @@ func assertNoLeftovers(t *testing.T, parents map[string]string, ids []string, st
 }
 
 // leftovers lists what runs left below stateDirs and in the cgroups of ids.
+// Without root, runsc's mounts live in the mount namespace of the safe-run
+// process that made them, and go with its last process: the processes
+// checked here.
 // A sandbox waiting in a server's warm pool (its run directory holds the
 // pool's marker) is not left behind: it belongs to the live server, and
 // serves one run only.
@@ -579,6 +684,8 @@ func runCgroupOf(t *testing.T, stateDir string, within time.Duration) string {
 // except that the seccomp filter is left out. It is the positive control of
 // the seccomp probes: what they see when the filter is not there. It builds
 // the bundle in the test; nothing in the product can run without the filter.
+// Without root, runsc runs where safe-run would run it: as root of a user
+// and mount namespace that maps only the user (hostUserNamespace).
 func gvisorWithoutFilter(t *testing.T, h *threatHarness, code string) string {
 	t.Helper()
 	job, _, err := sandbox.Policy{}.Check(sandbox.Job{Language: "python", Code: code})
@@ -608,18 +715,51 @@ func gvisorWithoutFilter(t *testing.T, h *threatHarness, code string) string {
 	defer outFile.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, h.runsc, "--root", root, "--network", "none", "--ignore-cgroups", "--overlay2", "none",
-		"run", "--bundle", bundleDir, id)
+	runsc := []string{h.runsc, "--root", root, "--network", "none", "--ignore-cgroups", "--overlay2", "none"}
+	run := append(slices.Clip(runsc), "run", "--bundle", bundleDir, id)
+	del := append(slices.Clip(runsc), "delete", "--force", id)
+	var cmd *exec.Cmd
+	if h.root {
+		cmd = exec.CommandContext(ctx, run[0], run[1:]...)
+	} else {
+		// Both commands in one namespace, whose mounts (runsc's null network
+		// namespace) go with it.
+		script := `"$@"; status=$?; ` + shellQuote(del) + ` 2>/dev/null; exit $status`
+		cmd = hostUserNamespace(ctx, append([]string{"/bin/sh", "-c", script, "sh"}, run...)...)
+	}
 	cmd.Stdout, cmd.Stderr = outFile, outFile
 	runErr := cmd.Run()
-	_ = exec.Command(h.runsc, "--root", root, "delete", "--force", id).Run()
-	for unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH) == nil {
+	if h.root {
+		_ = exec.Command(del[0], del[1:]...).Run()
+		for unix.Unmount(filepath.Join(root, "null-netns"), unix.MNT_DETACH) == nil {
+		}
 	}
 	out, _ := os.ReadFile(outPath)
 	if runErr != nil && len(out) == 0 {
 		t.Fatalf("runsc without the filter: %v", runErr)
 	}
 	return string(out)
+}
+
+// hostUserNamespace runs args as root of a new user namespace that maps
+// only the calling user, with a mount namespace of its own: what safe-run
+// does for itself when an ordinary user starts it. With extra flags of
+// unshare(1) before "--", e.g. "--net" for a network namespace of its own.
+func hostUserNamespace(ctx context.Context, args ...string) *exec.Cmd {
+	flags := []string{"--user", "--map-root-user", "--mount"}
+	if i := slices.Index(args, "--"); i >= 0 {
+		flags, args = append(flags, args[:i]...), args[i+1:]
+	}
+	return exec.CommandContext(ctx, "unshare", append(append(flags, "--"), args...)...)
+}
+
+// shellQuote quotes args for /bin/sh.
+func shellQuote(args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		quoted[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(quoted, " ")
 }
 
 // rss reads a process's resident and peak resident memory, in bytes.
