@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -317,6 +318,29 @@ func TestTimeoutKeepsPartialOutput(t *testing.T) {
 			assertNothingLeft(t, rt, []string{res.SandboxID})
 		})
 	}
+}
+
+// TestFileMetadataCountsTowardMemory creates empty files until the run
+// ends: gVisor keeps their metadata in its own heap, not in the memory the
+// program allocates, and the run must still end out of memory — by the
+// cgroup as root, by the memory watch (which adds the sentry's heap)
+// without one.
+func TestFileMetadataCountsTowardMemory(t *testing.T) {
+	rt := newTestRuntime(t, sandbox.Policy{})
+	res := mustRun(t, rt, sandbox.Job{Language: "python", Code: `
+n = 0
+while True:
+    n += 1
+    open("/tmp/f%d" % n, "w").close()
+    if n % 50000 == 0:
+        print(n, "files", flush=True)`,
+		Limits: sandbox.Limits{MemoryBytes: 64 * sandbox.MiB, Timeout: 120 * time.Second}})
+	wantStatus(t, res, sandbox.StatusOOM)
+	if limit := int64(64*sandbox.MiB) + bundle.MemoryHeadroom; res.MemoryPeakBytes < limit/2 {
+		t.Errorf("memory peak %d MiB, want near the %d MiB the sandbox may use", res.MemoryPeakBytes>>20, limit>>20)
+	}
+	t.Logf("out of memory after %q; peak %.1f MiB", lastLine([]byte(res.Stdout)), float64(res.MemoryPeakBytes)/(1<<20))
+	assertNothingLeft(t, rt, []string{res.SandboxID})
 }
 
 // firstWrite is a live output writer that notes when output first came.

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/safe-run/safe-run/bundle"
 )
 
 // memoryPoll is how often a memory watch reads the sandbox's memory use.
@@ -23,10 +25,20 @@ const memoryPoll = 50 * time.Millisecond
 const gvisorMemoryFile = "/memfd:runsc-memory"
 
 // memoryWatch enforces a run's memory limit where there is no memory
-// cgroup to do it (CgroupsNone): it reads how many bytes gVisor's memory
-// file holds — the sandbox's whole memory by gVisor's own accounting, read
-// from the host — and kills the sandbox when they exceed the limit, which
-// the run then reports as out of memory.
+// cgroup to do it (CgroupsNone), and kills the sandbox, which the run then
+// reports as out of memory, when either of two measures read from the host
+// is over its bound:
+//
+//   - the bytes gVisor's memory file holds (the program's processes, tmpfs
+//     contents, file caches: the sandbox's memory by gVisor's accounting)
+//     over the job's limit. Fast allocations land here; the headroom
+//     absorbs what they add before the next poll.
+//   - those plus the sentry's own anonymous memory (its heap: the kernel
+//     objects of a million files, say, which are not in the memory file)
+//     over the limit plus bundle.MemoryHeadroom, the bound a memory cgroup
+//     puts on the same processes.
+//
+// The peak it reports is the second measure, as a cgroup's would be.
 type memoryWatch struct {
 	limit   int64
 	runsc   int // the sentry is a child of runsc: the shim's pid, after exec
@@ -89,14 +101,15 @@ func (w *memoryWatch) run(p *sandboxProc) {
 			}
 			continue
 		}
-		used, alive := memoryFileBytes(sentry)
+		file, alive := memoryFileBytes(sentry)
 		if !alive {
 			return // the sandbox is gone
 		}
-		if used > w.peak.Load() {
-			w.peak.Store(used)
+		whole := file + rssAnon(sentry)
+		if whole > w.peak.Load() {
+			w.peak.Store(whole)
 		}
-		if used > w.limit {
+		if file > w.limit || whole > w.limit+bundle.MemoryHeadroom {
 			w.tripped.Store(true)
 			_ = syscall.Kill(sentry, syscall.SIGKILL)
 			p.kill()
@@ -199,11 +212,11 @@ func (p *sandboxProc) memoryUsage() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	used, alive := memoryFileBytes(sentry)
+	file, alive := memoryFileBytes(sentry)
 	if !alive {
 		return 0, errors.New("read memory usage: the sandbox is gone")
 	}
-	return used + rssAnon(sentry), nil
+	return file + rssAnon(sentry), nil
 }
 
 // rssAnon reads a process's resident anonymous memory, 0 if unknown.

@@ -1035,6 +1035,15 @@ func wantPeakWithinLimit(t *testing.T, h *threatHarness, r *threatRun) {
 	// The kernel may force a charge or two past the limit (kernel memory),
 	// so the peak may pass it by a page or so, never by a megabyte.
 	limit := int64(384+96)<<20 + 1<<20
+	if len(h.cgroupParents) == 0 {
+		// No cgroup: safe-run's poll enforces the limit plus headroom on
+		// the sentry's memory file and heap, and the peak may pass it by
+		// what the sandbox adds before the next poll sees it (README,
+		// "Without root"). The fast allocations stop at the memory file's
+		// own bound, far below; what grows the heap is slow (file
+		// metadata: about 8 MiB/s), so a few polls' worth.
+		limit += 8 << 20
+	}
 	if peak <= 0 || peak > limit {
 		t.Errorf("memory peak %d bytes, want within (0, %d]", peak, limit)
 	}
