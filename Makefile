@@ -11,7 +11,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless soak vet bench fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 soak vet bench fuzz clean
 
 # Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
 # looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
@@ -107,6 +107,12 @@ soak: deps build runsc rootfs
 # clients start safe-run. Run as root after `make test`.
 test-rootless: build runsc rootfs
 	scripts/test-rootless.sh
+
+# Memory, pids and CPU limits of a safe-run without root in a delegated
+# cgroup v2, checked in a QEMU VM (software emulation, ~6 min): this host's
+# cgroup v1 controllers cannot be delegated. Needs qemu-system-x86; run as root.
+test-cgroup-v2: build runsc rootfs
+	scripts/test-cgroup-v2.sh
 
 clean:
 	rm -rf bin

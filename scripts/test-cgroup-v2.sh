@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# test-cgroup-v2.sh — check that safe-run without root uses a delegated
+# cgroup v2 for its runs' memory, pids and CPU limits, as
+# `systemd-run --user --scope -p Delegate=yes safe-run ...` gives it.
+#
+#   scripts/test-cgroup-v2.sh            (as root, after `make build runsc rootfs`)
+#
+# A host with cgroup v1 controllers cannot give anyone a cgroup v2 without
+# rebinding its controllers, so the check runs in a throwaway VM: QEMU
+# (software emulation, no KVM needed) boots Debian's kernel with the host's
+# root exported read-only over 9p and a pure cgroup v2 hierarchy. There,
+# as root, it creates for each safe-run command a cgroup delegated to
+# uid 65534 the way systemd delegates a scope (the directory, cgroup.procs,
+# cgroup.subtree_control and cgroup.threads chowned), moves the command into
+# it and runs it as that user: doctor, then a run over its memory limit, one
+# over its process limit and one busy loop with --cpus 0.5. It prints what it
+# measured and exits non-zero if a limit did not come from the cgroup.
+# Emulation is slow: a sandbox takes about a minute to start; the whole check
+# takes about 6 minutes here, bounded by TEST_CGROUP_V2_TIMEOUT (default 30m).
+#
+# Needs qemu-system-x86_64 (Debian package qemu-system-x86) and a Debian
+# kernel package: SAFE_RUN_VM_KERNEL_DEB names a .deb of linux-image-*-amd64,
+# otherwise apt-get downloads the one linux-image-amd64 depends on.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+USER_ID=65534
+PASS_LINE="test-cgroup-v2: all checks passed"
+
+# ---- inside the VM (process 1 is bash running this) ----
+
+in_vm() {
+	local cache=$1 failed=0
+	mount -t proc proc /proc
+	mount -t sysfs sys /sys
+	mount -t devtmpfs dev /dev
+	mount -t tmpfs run /run
+	mount -t tmpfs -o mode=1777 tmp /tmp
+	mount -t cgroup2 cgroup2 /sys/fs/cgroup
+	local cg=/sys/fs/cgroup slice=/sys/fs/cgroup/user.slice
+	echo "+memory +pids +cpu" >"$cg/cgroup.subtree_control"
+	mkdir "$slice"
+	echo "+memory +pids +cpu" >"$slice/cgroup.subtree_control"
+	mkdir -p /tmp/home /tmp/run
+	chown "$USER_ID:$USER_ID" /tmp/home /tmp/run
+	chmod 700 /tmp/run
+	cd /tmp/home
+	echo "== VM: kernel $(uname -r), $(nproc) CPUs, cgroup v2 controllers: $(cat "$cg/cgroup.controllers")"
+
+	fail() {
+		echo "FAIL: $*"
+		failed=1
+	}
+	# scope NAME CMD... runs CMD as the user, alone in a new cgroup NAME.scope
+	# delegated to it, as systemd-run --user --scope -p Delegate=yes would.
+	scope() {
+		local s=$slice/$1.scope
+		shift
+		mkdir "$s"
+		chown "$USER_ID:$USER_ID" "$s" "$s/cgroup.procs" "$s/cgroup.subtree_control" "$s/cgroup.threads"
+		# shellcheck disable=SC2016
+		bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$s" \
+			setpriv --reuid="$USER_ID" --regid="$USER_ID" --clear-groups \
+			env -i PATH=/usr/bin:/bin HOME=/tmp/home TMPDIR=/tmp/home XDG_RUNTIME_DIR=/tmp/run \
+			SAFE_RUN_CACHE="$cache" SAFE_RUN_RUNSC="$PWD_REPO/bin/runsc" "$@"
+	}
+	# watch SCOPE OUT: waits for the run's cgroup below SCOPE (or for
+	# OUT.done, written when the command ended), writes its
+	# limits to OUT.limits, then samples "time usage_usec nr_throttled" into
+	# OUT.cpu every 2 s until the cgroup is gone.
+	watch() {
+		local d=""
+		until [[ -n $d || -e $2.done ]]; do
+			sleep 0.5
+			d=$(find "$1" -mindepth 1 -maxdepth 1 -name 'safe-run-*' 2>/dev/null | head -1)
+		done
+		[[ -z $d ]] && return
+		echo "memory.max=$(cat "$d/memory.max") pids.max=$(cat "$d/pids.max") cpu.max=$(cat "$d/cpu.max" | tr ' ' /)" >"$2.limits"
+		while [[ -d $d ]]; do
+			awk -v t="$(date +%s.%N)" '/^usage_usec/{u=$2} /^nr_throttled/{n=$2} END{if (u != "") print t, u, n}' "$d/cpu.stat" 2>/dev/null >>"$2.cpu" || true
+			sleep 2
+		done
+	}
+	# measured NAME CMD... runs CMD in scope NAME while watching its run's
+	# cgroup; the result is in /tmp/NAME.out, the limits in /tmp/NAME.limits.
+	measured() {
+		local name=$1
+		shift
+		watch "$slice/$name.scope" "/tmp/$name" &
+		local w=$!
+		scope "$name" "$@" >"/tmp/$name.out" 2>&1 || true
+		touch "/tmp/$name.done"
+		wait "$w"
+		cat "/tmp/$name.out"
+		echo "run cgroup limits: $(cat "/tmp/$name.limits" 2>/dev/null || echo 'none: no run cgroup appeared')"
+		local left
+		left=$(find "$slice/$name.scope" -mindepth 1 -maxdepth 1 -name 'safe-run-*')
+		[[ -z $left ]] || fail "$name: run cgroup left behind: $left"
+		left=$(pgrep -u "$USER_ID" -a || true)
+		[[ -z $left ]] || fail "$name: processes of uid $USER_ID left running: $left"
+	}
+	local run=("$PWD_REPO/bin/safe-run" run --json --timeout 10m)
+
+	echo "== doctor (as uid $USER_ID, in a delegated cgroup)"
+	scope doctor "$PWD_REPO/bin/safe-run" doctor >/tmp/doctor.out 2>&1 || true
+	cat /tmp/doctor.out
+	grep -Eq '^PASS +cgroups +delegated cgroup v2' /tmp/doctor.out ||
+		fail "doctor: the cgroups check did not pass with a delegated cgroup v2"
+
+	echo "== memory: --memory 128MiB, the program allocates 512 MiB"
+	measured memory "${run[@]}" --memory 128MiB --lang python -c 'b = b"x" * (512 << 20); print(len(b))'
+	local events
+	events=$(cat "$slice/memory.scope/memory.events")
+	echo "scope memory.events: $(echo "$events" | tr '\n' ' ')"
+	grep -q '"status": "oom"' /tmp/memory.out || fail "memory: status is not oom"
+	[[ $(awk '/^oom_kill /{print $2}' <<<"$events") -ge 1 ]] ||
+		fail "memory: the cgroup counted no OOM kill, so the limit was not the cgroup's"
+	grep -q 'memory.max=[0-9]' /tmp/memory.limits 2>/dev/null || fail "memory: the run cgroup had no memory.max"
+
+	echo "== pids: --pids 16, the program forks until it cannot"
+	measured pids "${run[@]}" --pids 16 --lang python -c '
+import os, time
+n = 0
+try:
+    while n < 100:
+        if os.fork() == 0:
+            time.sleep(60)
+            os._exit(0)
+        n += 1
+except OSError as e:
+    print("fork failed after", n, "children:", e)
+'
+	grep -q 'fork failed after 16 children' /tmp/pids.out || fail "pids: the program was not stopped at 16 processes"
+	grep -q 'pids.max=[0-9]' /tmp/pids.limits 2>/dev/null || fail "pids: the run cgroup had no pids.max (the host-side backstop)"
+
+	echo "== cpu: --cpus 0.5, the program spins for 40 s"
+	measured cpu "${run[@]}" --cpus 0.5 --lang python -c '
+import time
+t = time.time()
+while time.time() - t < 40:
+    pass
+print("spun 40 s")
+'
+	grep -q 'spun 40 s' /tmp/cpu.out || fail "cpu: the busy loop did not finish"
+	grep -q 'cpu.max=50000/100000' /tmp/cpu.limits 2>/dev/null || fail "cpu: the run cgroup's cpu.max is not 50000/100000"
+	# Use over the last 20 s the cgroup lived (the loop, then teardown),
+	# and over its whole life (startup included, also capped).
+	local cores
+	cores=$(awk '{t[NR]=$1; u[NR]=$2; n=$3} END{
+		if (NR < 2) {print "none"; exit}
+		k = NR; while (k > 1 && t[NR] - t[k] < 20) k--
+		printf "%.2f %.2f %.1f %d\n", (u[NR]-u[k])/1e6/(t[NR]-t[k]), (u[NR]-u[1])/1e6/(t[NR]-t[1]), t[NR]-t[1], n}' /tmp/cpu.cpu 2>/dev/null || echo none)
+	if [[ $cores == none ]]; then
+		fail "cpu: no CPU use sampled"
+	else
+		read -r last whole wall throttled <<<"$cores"
+		echo "cpu use of the run cgroup: $last cores over its last 20 s, $whole cores over its ${wall} s; throttled $throttled times"
+		awk -v c="$last" 'BEGIN{exit !(c <= 0.6)}' || fail "cpu: $last cores used with a limit of 0.5"
+		[[ $throttled -gt 0 ]] || fail "cpu: the cgroup never throttled the busy loop"
+	fi
+
+	if [[ $failed == 0 ]]; then
+		echo "$PASS_LINE"
+	fi
+	echo o >/proc/sysrq-trigger
+	sleep 60
+}
+
+if [[ ${1:-} == --in-vm ]]; then
+	PWD_REPO=$PWD
+	in_vm "$2"
+	exit 1
+fi
+
+# ---- on the host ----
+
+if [[ $(id -u) != 0 ]]; then
+	echo "test-cgroup-v2: run as root: it boots a VM and switches to uid $USER_ID in it" >&2
+	exit 1
+fi
+if ! command -v qemu-system-x86_64 >/dev/null; then
+	echo "test-cgroup-v2: qemu-system-x86_64 is missing; install it: apt-get install qemu-system-x86" >&2
+	exit 1
+fi
+case $PWD/ in
+/tmp/* | /run/*)
+	echo "test-cgroup-v2: the VM mounts a fresh /tmp and /run, so it cannot see $PWD; run from a checkout elsewhere" >&2
+	exit 1
+	;;
+esac
+GO=${GO:-go}
+for f in bin/safe-run bin/safe-run-agent bin/runsc; do
+	[[ -x $f ]] || {
+		echo "test-cgroup-v2: $f is missing; run make build runsc rootfs first" >&2
+		exit 1
+	}
+done
+cache=$(bin/safe-run image dir)
+start=$(date +%s)
+
+work=$(mktemp -d /tmp/safe-run-cgroup-v2.XXXXXX)
+qemu=""
+cleanup() {
+	if [[ -n $qemu ]]; then
+		kill "$qemu" 2>/dev/null || true
+	fi
+	wait # for the VM and the console's display, which ends with it
+	rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM HUP
+
+deb=${SAFE_RUN_VM_KERNEL_DEB:-}
+if [[ -z $deb ]]; then
+	pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+	[[ -n $pkg ]] || {
+		echo "test-cgroup-v2: no Debian kernel package found; name one with SAFE_RUN_VM_KERNEL_DEB" >&2
+		exit 1
+	}
+	(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1)
+	deb=$(echo "$work"/linux-image-*.deb)
+fi
+mkdir "$work/k"
+dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards './boot/vmlinuz-*' \
+	'*/kernel/drivers/virtio/virtio*.ko' '*/kernel/fs/netfs/*.ko' '*/kernel/fs/fscache/*.ko' \
+	'*/kernel/net/9p/*.ko' '*/kernel/fs/9p/*.ko'
+kernel=$(echo "$work"/k/boot/vmlinuz-*)
+"$GO" build -o "$work/vminit" ./scripts/vminit
+# The 9p file system over virtio-pci, and what it needs.
+mapfile -t modules < <(find "$work/k" \( -name virtio.ko -o -name virtio_ring.ko -o -name 'virtio_pci*.ko' \
+	-o -name netfs.ko -o -name fscache.ko -o -name 9pnet.ko -o -name 9pnet_virtio.ko -o -name 9p.ko \))
+"$work/vminit" -pack "$work/initrd.gz" "${modules[@]}"
+echo "== booting $(basename "$kernel") in QEMU (emulated CPU; slow)"
+
+timeout="${TEST_CGROUP_V2_TIMEOUT:-30m}"
+timeout --kill-after=10s "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 4G \
+	-nographic -no-reboot -nic none -kernel "$kernel" -initrd "$work/initrd.gz" \
+	-append "console=ttyS0 panic=-1 quiet -- /bin/bash $PWD/scripts/test-cgroup-v2.sh --in-vm $cache" \
+	-virtfs "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap" \
+	</dev/null >"$work/console.log" 2>&1 &
+qemu=$!
+# In the background, so that a signal is handled at once, not after the VM.
+tail -f --pid="$qemu" "$work/console.log" | grep --line-buffered -av '^\[ *[0-9]' | tr -d '\033' &
+status=0
+wait "$qemu" || status=$?
+qemu=""
+wait
+echo "== $(($(date +%s) - start)) s in all"
+if ! grep -q "^$PASS_LINE" "$work/console.log"; then
+	[[ $status == 124 ]] && echo "test-cgroup-v2: the VM did not finish within $timeout" >&2
+	echo "test-cgroup-v2: FAILED" >&2
+	exit 1
+fi
