@@ -16,7 +16,8 @@
 # over its process limit and one busy loop with --cpus 0.5. It prints what it
 # measured and exits non-zero if a limit did not come from the cgroup.
 # Emulation is slow: a sandbox takes about a minute to start; the whole check
-# takes about 6 minutes here, bounded by TEST_CGROUP_V2_TIMEOUT (default 30m).
+# takes 4½ to 6½ minutes here (2 shared CPUs), bounded by
+# TEST_CGROUP_V2_TIMEOUT (default 30m).
 #
 # Needs qemu-system-x86_64 (Debian package qemu-system-x86) and a Debian
 # kernel package: SAFE_RUN_VM_KERNEL_DEB names a .deb of linux-image-*-amd64,
