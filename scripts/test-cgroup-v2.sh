@@ -19,7 +19,8 @@
 # takes 4½ to 6½ minutes here (2 shared CPUs), bounded by
 # TEST_CGROUP_V2_TIMEOUT (default 30m).
 #
-# Needs qemu-system-x86_64 (Debian package qemu-system-x86) and a Debian
+# Needs qemu-system-x86_64 (Debian package qemu-system-x86, installed if
+# missing) and a Debian
 # kernel package: SAFE_RUN_VM_KERNEL_DEB names a .deb of linux-image-*-amd64,
 # otherwise apt-get downloads the one linux-image-amd64 depends on.
 set -euo pipefail
@@ -179,8 +180,9 @@ if [[ $(id -u) != 0 ]]; then
 	exit 1
 fi
 if ! command -v qemu-system-x86_64 >/dev/null; then
-	echo "test-cgroup-v2: qemu-system-x86_64 is missing; install it: apt-get install qemu-system-x86" >&2
-	exit 1
+	echo "[deps] apt-get install qemu-system-x86" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
 fi
 case $PWD/ in
 /tmp/* | /run/*)
