@@ -22,7 +22,8 @@
 # Needs qemu-system-x86_64 (Debian package qemu-system-x86, installed if
 # missing) and a Debian
 # kernel package: SAFE_RUN_VM_KERNEL_DEB names a .deb of linux-image-*-amd64,
-# otherwise apt-get downloads the one linux-image-amd64 depends on.
+# otherwise apt-get downloads the one linux-image-amd64 depends on, once,
+# into the image cache's vm-kernel/.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 USER_ID=65534
@@ -184,12 +185,6 @@ if ! command -v qemu-system-x86_64 >/dev/null; then
 	apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
 fi
-case $PWD/ in
-/tmp/* | /run/*)
-	echo "test-cgroup-v2: the VM mounts a fresh /tmp and /run, so it cannot see $PWD; run from a checkout elsewhere" >&2
-	exit 1
-	;;
-esac
 GO=${GO:-go}
 for f in bin/safe-run bin/safe-run-agent bin/runsc; do
 	[[ -x $f ]] || {
@@ -201,16 +196,23 @@ cache=$(bin/safe-run image dir)
 start=$(date +%s)
 
 work=$(mktemp -d /tmp/safe-run-cgroup-v2.XXXXXX)
+# What the VM runs, where it can see it and uid 65534 can read it: the VM
+# mounts fresh /tmp and /run, and the checkout may be in a private home.
+stage=$(mktemp -d /var/tmp/safe-run-cgroup-v2.XXXXXX)
 qemu=""
 cleanup() {
 	if [[ -n $qemu ]]; then
 		kill "$qemu" 2>/dev/null || true
 	fi
 	wait # for the VM and the console's display, which ends with it
-	rm -rf "$work"
+	rm -rf "$work" "$stage"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
+chmod 755 "$stage"
+mkdir "$stage/bin" "$stage/scripts"
+cp bin/safe-run bin/safe-run-agent bin/runsc "$stage/bin/"
+cp scripts/test-cgroup-v2.sh "$stage/scripts/"
 
 deb=${SAFE_RUN_VM_KERNEL_DEB:-}
 if [[ -z $deb ]]; then
@@ -219,8 +221,14 @@ if [[ -z $deb ]]; then
 		echo "test-cgroup-v2: no Debian kernel package found; name one with SAFE_RUN_VM_KERNEL_DEB" >&2
 		exit 1
 	}
-	(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1)
-	deb=$(echo "$work"/linux-image-*.deb)
+	# Kept beside the images, so that later runs download nothing.
+	debs=$cache/vm-kernel
+	if ! compgen -G "$debs/${pkg}_*.deb" >/dev/null; then
+		mkdir -p "$debs"
+		(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1) &&
+			mv "$work/${pkg}"_*.deb "$debs/"
+	fi
+	deb=$(echo "$debs/${pkg}"_*.deb)
 fi
 mkdir "$work/k"
 dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards './boot/vmlinuz-*' \
@@ -237,7 +245,7 @@ echo "== booting $(basename "$kernel") in QEMU (emulated CPU; slow)"
 timeout="${TEST_CGROUP_V2_TIMEOUT:-30m}"
 timeout --kill-after=10s "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 4G \
 	-nographic -no-reboot -nic none -kernel "$kernel" -initrd "$work/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet -- /bin/bash $PWD/scripts/test-cgroup-v2.sh --in-vm $cache" \
+	-append "console=ttyS0 panic=-1 quiet -- /bin/bash $stage/scripts/test-cgroup-v2.sh --in-vm $cache" \
 	-virtfs "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap" \
 	</dev/null >"$work/console.log" 2>&1 &
 qemu=$!
