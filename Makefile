@@ -109,7 +109,7 @@ test-rootless: build runsc rootfs
 	scripts/test-rootless.sh
 
 # Memory, pids and CPU limits of a safe-run without root in a delegated
-# cgroup v2, checked in a QEMU VM (software emulation, 5-7 min): this host's
+# cgroup v2, checked in a QEMU VM (software emulation, 3-7 min): this host's
 # cgroup v1 controllers cannot be delegated. Installs qemu-system-x86 if missing; run as root.
 test-cgroup-v2: build runsc rootfs
 	scripts/test-cgroup-v2.sh

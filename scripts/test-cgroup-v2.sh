@@ -15,8 +15,8 @@
 # it and runs it as that user: doctor, then a run over its memory limit, one
 # over its process limit and one busy loop with --cpus 0.5. It prints what it
 # measured and exits non-zero if a limit did not come from the cgroup.
-# Emulation is slow: a sandbox takes about a minute to start; the whole check
-# takes 4½ to 6½ minutes here (2 shared CPUs), bounded by
+# Emulation is slow: a sandbox takes 15 s to a minute to start; the whole check
+# takes 2¾ minutes here on an idle host, up to 6½ on a busy one (2 CPUs), bounded by
 # TEST_CGROUP_V2_TIMEOUT (default 30m).
 #
 # Needs qemu-system-x86_64 (Debian package qemu-system-x86, installed if
