@@ -182,17 +182,8 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 		go func() { cmd.Wait(); close(exited) }()
 		t.Cleanup(func() { stopServer(t, cmd, exited) })
 		url := waitForURL(t, stderr)
-		c, err := client.NewStreamableHttpClient(url)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := connectHTTP(t, url, "fault")
 		t.Cleanup(func() { c.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-		defer cancel()
-		if err := c.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		initialize(t, ctx, c, "fault")
 		return cmd, c, exited
 	}
 	cmd, c, exited := start()

@@ -120,6 +120,30 @@ func startServerAt(t *testing.T, transportName, stateDir string, env []string, e
 	return ts
 }
 
+// connectHTTP connects an MCP client to the Streamable HTTP server at url
+// and initializes it as name. The caller closes it.
+func connectHTTP(t *testing.T, url, name string) *client.Client {
+	t.Helper()
+	c, err := client.NewStreamableHttpClient(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ready := false
+	defer func() {
+		if !ready {
+			c.Close()
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := c.Start(ctx); err != nil {
+		t.Fatalf("start client: %v", err)
+	}
+	initialize(t, ctx, c, name)
+	ready = true
+	return c
+}
+
 // initialize sends the MCP initialize request as the client name.
 func initialize(t *testing.T, ctx context.Context, c *client.Client, name string) {
 	t.Helper()
@@ -573,16 +597,8 @@ func TestMCPSessionOutlivesConnection(t *testing.T) {
 	url := ts.url
 	ts.client.Close()
 
-	c, err := client.NewStreamableHttpClient(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := connectHTTP(t, url, "second")
 	defer c.Close()
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	initialize(t, ctx, c, "second")
 	ts.client = c
 	if res, out := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo $PWD $V"}); out["stdout"] != "/tmp kept\n" {
 		t.Errorf("from a new connection: %v %s", out, text(res))

@@ -73,16 +73,8 @@ func TestSoak(t *testing.T) {
 		<-exited
 	}()
 	url := waitForURL(t, stderr)
-	c, err := client.NewStreamableHttpClient(url)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := connectHTTP(t, url, "safe-run-soak")
 	defer c.Close()
-	ctx := context.Background()
-	if err := c.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	initialize(t, ctx, c, "safe-run-soak")
 
 	pid := cmd.Process.Pid
 	rssBefore, hwmBefore := rss(pid)

@@ -237,12 +237,19 @@ func startProcess(t *testing.T, cmd *exec.Cmd) *exec.Cmd {
 func alive(pid int) bool { return syscall.Kill(pid, 0) == nil && !isZombie(pid) }
 
 func isZombie(pid int) bool {
+	fields, ok := procStat(pid)
+	return !ok || len(fields) == 0 || fields[0] == "Z" || fields[0] == "X"
+}
+
+// procStat returns the fields of /proc/PID/stat that follow the command
+// name, which may hold spaces and parentheses: [0] is the state, [1] the
+// parent. It reports false if the process is gone.
+func procStat(pid int) ([]string, bool) {
 	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return true
+		return nil, false
 	}
-	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	return len(fields) == 0 || fields[0] == "Z" || fields[0] == "X"
+	return strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:])), true
 }
 
 // testCgroupParents returns where safe-run, started by this test, puts its
@@ -298,12 +305,8 @@ func serverPid(t *testing.T, stateDir string) int {
 
 // parentPid reads a process's parent from /proc, 0 if it is gone.
 func parentPid(pid int) int {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0
-	}
-	fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
-	if len(fields) < 2 {
+	fields, ok := procStat(pid)
+	if !ok || len(fields) < 2 {
 		return 0
 	}
 	ppid, _ := strconv.Atoi(fields[1])

@@ -17,7 +17,6 @@ package main
 // sockets.
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -1183,10 +1182,9 @@ func (h *threatHarness) cpuUsage(stateDir, id string) int64 {
 			return
 		}
 		seen[pid] = true
-		if data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat"); err == nil {
+		if f, ok := procStat(pid); ok {
 			// utime, stime, cutime and cstime are the 12th to 15th fields
 			// after the command.
-			f := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
 			for i := 11; i <= 14 && i < len(f); i++ {
 				n, _ := strconv.ParseInt(f[i], 10, 64)
 				ticks += n
