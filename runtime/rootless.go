@@ -244,6 +244,7 @@ func (h hostSigns) containerSign() string {
 func userNamespaceFix(h hostSigns, err error) string {
 	var errno unix.Errno
 	refused := errors.As(err, &errno) && (errno == unix.EPERM || errno == unix.EACCES || errno == unix.ENOSYS)
+	sign := h.containerSign()
 	switch {
 	case h.read("proc/sys/kernel/unprivileged_userns_clone") == "0":
 		return "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone=0); enable them as root: " +
@@ -265,15 +266,15 @@ func userNamespaceFix(h hostSigns, err error) string {
 	case refused && h.seccompFiltered():
 		cause := "a seccomp filter on safe-run (Seccomp: 2 in /proc/self/status) refused it with " + unix.ErrnoName(errno) + ": "
 		allow := "a profile that allows unshare, clone and clone3 with CLONE_NEWUSER, and mount"
-		if sign := h.containerSign(); sign != "" {
+		if sign != "" {
 			return cause + "safe-run appears to run in a container (" + sign + "), whose seccomp profile does this; run safe-run on the host, or start the container with " + allow +
 				" (docker run or podman run --security-opt seccomp=unconfined, and --security-opt apparmor=unconfined where AppArmor confines containers)"
 		}
 		return cause + "a container's seccomp profile, or the filter of the service that started safe-run (systemd's RestrictNamespaces= or SystemCallFilter=); " +
 			"run safe-run outside it, or give the container " + allow + " (docker run or podman run --security-opt seccomp=unconfined), " +
 			"or set RestrictNamespaces=no and drop the SystemCallFilter= that denies them in the service's unit"
-	case refused && h.containerSign() != "":
-		return "safe-run appears to run in a container (" + h.containerSign() + ") that refuses it (" + unix.ErrnoName(errno) + ") without a seccomp filter: by its security module (AppArmor, SELinux) or its own user namespace settings; " +
+	case refused && sign != "":
+		return "safe-run appears to run in a container (" + sign + ") that refuses it (" + unix.ErrnoName(errno) + ") without a seccomp filter: by its security module (AppArmor, SELinux) or its own user namespace settings; " +
 			"run safe-run on the host, or start the container with --security-opt apparmor=unconfined (or label=disable for SELinux)"
 	}
 	return "check that the kernel has CONFIG_USER_NS and that no security module forbids unprivileged user namespaces, or run safe-run as root"
