@@ -44,7 +44,9 @@ var soakKinds = []soakKind{
 	{name: "python error", lang: "python", code: "import sys\nprint('x')\nsys.exit(3)", status: "error", exitCode: 3, stdout: "x\n"},
 	{name: "node error", lang: "node", code: "console.log('y'); throw new Error('boom')", status: "error", exitCode: 1, stdout: "y\n"},
 	{name: "bash error", lang: "bash", code: "echo z; exit 7", status: "error", exitCode: 7, stdout: "z\n"},
-	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 1, status: "timeout", exitCode: -1, stdout: "t\n"},
+	// 3 s, not 1: a cold interpreter among eight sandboxes starting at once
+	// on two CPUs once took over a second to reach its first print.
+	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 3, status: "timeout", exitCode: -1, stdout: "t\n"},
 	{name: "bash timeout", lang: "bash", code: "echo spin; while :; do :; done", timeout: 1, status: "timeout", exitCode: -1, stdout: "spin\n"},
 	{name: "python oom", lang: "python", code: "b = []\nwhile True:\n    b.append(bytearray(b'\\1' * (8 << 20)))", status: "oom", exitCode: -1},
 	{name: "node oom", lang: "node", code: "const a = []; for (;;) a.push(Buffer.alloc(8 << 20, 1));", status: "oom", exitCode: -1},
