@@ -55,7 +55,7 @@ func UserNamespaceMain(env ...string) {
 	}
 	cmd := exec.Command(exe, os.Args[1:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = append(os.Environ(), env...)
+	cmd.Env = append(append(os.Environ(), env...), stateParentCheckEnv())
 	cmd.SysProcAttr = userNamespaceAttr()
 	sigs := make(chan os.Signal, 4)
 	// Ctrl-C reaches both processes through the terminal; one started by an

@@ -24,7 +24,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/safe-run/safe-run/bundle"
@@ -119,37 +118,6 @@ func DefaultStateDir() string {
 		return filepath.Join(d, "safe-run")
 	}
 	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", HostUID()))
-}
-
-// ensurePrivateDir creates the state directory dir if needed and makes sure
-// that it is this user's alone. Whoever can write there can rewrite a
-// bundle between safe-run writing it and runsc reading it, and so choose
-// what the sandbox mounts; and the fallback in /tmp has a name any local
-// user can create first, or point elsewhere with a symbolic link.
-func ensurePrivateDir(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create state directory: %w; choose another with --state-dir", err)
-	}
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return fmt.Errorf("check state directory: %w", err)
-	}
-	st, _ := fi.Sys().(*syscall.Stat_t)
-	switch {
-	case !fi.IsDir():
-		return fmt.Errorf("state directory %s is a symbolic link or not a directory; remove it, or choose another with --state-dir", dir)
-	case st == nil || int(st.Uid) != os.Geteuid():
-		owner := -1
-		if st != nil {
-			owner = int(st.Uid)
-		}
-		return fmt.Errorf("state directory %s belongs to uid %d, not to this user (uid %d here); remove it, or choose another with --state-dir", dir, owner, os.Geteuid())
-	case fi.Mode().Perm()&0o077 != 0:
-		if err := os.Chmod(dir, 0o700); err != nil {
-			return fmt.Errorf("make state directory %s private: %w", dir, err)
-		}
-	}
-	return nil
 }
 
 // Runtime runs jobs in gVisor sandboxes. It is safe for concurrent use.

@@ -111,7 +111,12 @@ func newOrdinaryUser(t *testing.T) ordinaryUser {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(home) })
-	if err := os.Chmod(home, 0o777); err != nil {
+	// The user's own, as a home is: a directory others may write to could
+	// not hold a state directory (see runtime's checkStateParents).
+	if err := os.Chown(home, 65534, 65534); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(home, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	// So is the checkout, possibly: the user gets the binaries side by
