@@ -64,6 +64,11 @@ var MaxLimits = Limits{
 	OpenFiles:      65536,
 }
 
+// TimeoutCeiling is the longest timeout any policy may allow, however it
+// is configured: a sandbox is for a task, not a service, and a timeout
+// nobody would wait for is no bound.
+const TimeoutCeiling = 24 * time.Hour
+
 // MinLimits are the smallest limits with which a run can still start: below
 // them the interpreter itself would fail, and the user would be misled.
 var MinLimits = Limits{

@@ -146,10 +146,14 @@ func CheckLanguages(langs []Language) error {
 		switch {
 		case l.Name == "":
 			return fmt.Errorf("a language has no name")
+		case !validLanguageName(l.Name):
+			return fmt.Errorf("language name %q is not a short name: use 1 to 32 letters, digits and _ + . - (such as ruby or python3.12)", l.Name)
 		case seen[l.Name]:
 			return fmt.Errorf("language %q is given twice", l.Name)
 		case len(l.Command) == 0 || l.Command[0] == "":
 			return fmt.Errorf("language %q has no command; give one such as [\"ruby\", \"main.rb\"]", l.Name)
+		case slices.ContainsFunc(l.Command, func(arg string) bool { return strings.IndexByte(arg, 0) >= 0 }):
+			return fmt.Errorf("language %q: its command contains a NUL byte, which no program can be given", l.Name)
 		case l.Filename == "":
 			return fmt.Errorf("language %q has no filename; give the file its code is written to, such as main.rb", l.Name)
 		case l.Interpreter != "" && !slices.Contains([]string{"python", "node", "bash"}, l.Interpreter):
@@ -161,6 +165,38 @@ func CheckLanguages(langs []Language) error {
 		seen[l.Name] = true
 	}
 	return nil
+}
+
+// validLanguageName reports whether name can stand in tool schemas, metric
+// labels, log lines and audit records as it is: 1 to 32 letters, digits
+// and _ + . -, starting with a letter or digit.
+func validLanguageName(name string) bool {
+	if len(name) == 0 || len(name) > 32 {
+		return false
+	}
+	for i, r := range name {
+		switch {
+		case r < utf8.RuneSelf && (unicode.IsLetter(r) || unicode.IsDigit(r)):
+		case i > 0 && strings.ContainsRune("_+.-", r):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// Validate reports a policy that cannot serve: a language table that
+// cannot run code, a maximum timeout beyond TimeoutCeiling, or a default
+// limit outside the policy's bounds.
+func (p Policy) Validate() error {
+	if err := CheckLanguages(p.languages()); err != nil {
+		return err
+	}
+	def, lo, hi := p.Limits()
+	if hi.Timeout > TimeoutCeiling {
+		return fmt.Errorf("the maximum timeout %s is above the longest safe-run allows, %s", hi.Timeout, TimeoutCeiling)
+	}
+	return def.check(lo, hi)
 }
 
 // Limits returns the default, minimum and maximum limits of the policy. A

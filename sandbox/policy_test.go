@@ -601,3 +601,45 @@ func TestCheckLanguages(t *testing.T) {
 		}
 	}
 }
+
+// TestPolicyValidate checks the configured policy as a server checks it at
+// start: a maximum timeout beyond the ceiling, a default outside the
+// bounds, and language names that could not stand in a schema or a log
+// line are refused.
+func TestPolicyValidate(t *testing.T) {
+	withName := func(name string) []sandbox.Language {
+		return sandbox.MergeLanguages(sandbox.DefaultLanguages, []sandbox.Language{{Name: name, Filename: "main.rb", Command: []string{"ruby", "main.rb"}}})
+	}
+	for _, tc := range []struct {
+		name   string
+		policy sandbox.Policy
+		want   string // substring of the error; "" means valid
+	}{
+		{"the defaults", sandbox.Policy{}, ""},
+		{"a maximum timeout of a day", sandbox.Policy{Max: sandbox.Limits{Timeout: 24 * time.Hour}}, ""},
+		{"a maximum timeout over a day", sandbox.Policy{Max: sandbox.Limits{Timeout: 1000 * time.Hour}}, "above the longest safe-run allows, 24h0m0s"},
+		{"a default timeout over the maximum is lowered", sandbox.Policy{Default: sandbox.Limits{Timeout: time.Hour}, Max: sandbox.Limits{Timeout: time.Minute}}, ""},
+		{"a default memory under the minimum", sandbox.Policy{Default: sandbox.Limits{MemoryBytes: sandbox.MiB}}, "memory"},
+		{"a language named plainly", sandbox.Policy{Languages: withName("ruby3.3")}, ""},
+		{"a language name with a NUL", sandbox.Policy{Languages: withName("ru\x00by")}, "not a short name"},
+		{"a language name with a newline", sandbox.Policy{Languages: withName("ruby\nlevel=ERROR")}, "not a short name"},
+		{"a language name with a space", sandbox.Policy{Languages: withName("ru by")}, "not a short name"},
+		{"a language name of 33 letters", sandbox.Policy{Languages: withName(strings.Repeat("r", 33))}, "not a short name"},
+		{"a language name of other letters", sandbox.Policy{Languages: withName("рубин")}, "not a short name"},
+		{"a language name starting with a dash", sandbox.Policy{Languages: withName("-ruby")}, "not a short name"},
+		{"a command with a NUL", sandbox.Policy{Languages: sandbox.MergeLanguages(sandbox.DefaultLanguages, []sandbox.Language{{Name: "ruby", Filename: "main.rb", Command: []string{"ruby\x00", "main.rb"}}})}, "NUL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.policy.Validate()
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("Validate = %v, want the policy valid", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Validate = %v, want an error about %q", err, tc.want)
+			}
+		})
+	}
+}

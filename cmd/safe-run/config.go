@@ -39,13 +39,15 @@ var hostEnv = map[string]string{
 func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.runsc, "runsc", "", "runsc binary (default: runsc next to safe-run, then in PATH)")
 	fs.StringVar(&h.agent, "agent", "", "safe-run-agent binary (default: next to safe-run)")
-	fs.StringVar(&h.cacheDir, "cache-dir", rootfs.DefaultDir(), "image cache directory")
+	h.cacheDir = rootfs.DefaultDir()
+	fs.Var(absPathFlag{&h.cacheDir}, "cache-dir", "image cache `directory`")
 	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
 	h.languages = sandbox.DefaultLanguages
 	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
-	fs.StringVar(&h.stateDir, "state-dir", runtime.DefaultStateDir(), "directory for per-run state")
+	h.stateDir = runtime.DefaultStateDir()
+	fs.Var(absPathFlag{&h.stateDir}, "state-dir", "`directory` for per-run state")
 	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
-	fs.StringVar(&h.debugLogDir, "debug-log-dir", "", "keep runsc debug logs below this directory")
+	fs.Var(absPathFlag{&h.debugLogDir}, "debug-log-dir", "keep runsc debug logs below this `directory`")
 }
 
 // runscPath is the runsc to use and where that choice came from.
@@ -149,6 +151,31 @@ func storeImages(store rootfs.Store) runtime.ImageResolver {
 		}
 		return out, nil
 	}
+}
+
+// absPathFlag is a path made absolute when it is set: the sandbox's mounts
+// need absolute paths, and a relative one given on the command line means
+// the directory it names from here.
+type absPathFlag struct{ path *string }
+
+func (f absPathFlag) String() string {
+	if f.path == nil {
+		return ""
+	}
+	return *f.path
+}
+
+func (f absPathFlag) Set(v string) error {
+	if v == "" {
+		*f.path = ""
+		return nil
+	}
+	abs, err := filepath.Abs(v)
+	if err != nil {
+		return err
+	}
+	*f.path = abs
+	return nil
 }
 
 // languagesFlag is a JSON list of languages merged into the defaults (see

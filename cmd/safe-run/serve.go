@@ -163,8 +163,8 @@ func serve(f serveFlags) error {
 			CPUs: f.limits.CPUs, OutputBytes: f.limits.OutputBytes},
 		Max: sandbox.Limits{Timeout: f.maxTimeout},
 	}
-	if _, _, err := policy.Check(sandbox.Job{Language: "bash", Code: "true"}); err != nil {
-		return fmt.Errorf("the configured limits are not valid: %w", err)
+	if err := policy.Validate(); err != nil {
+		return usageError("the configured limits are not valid: %v", err)
 	}
 	token, err := readToken(f.token, f.tokenFile)
 	if err != nil {

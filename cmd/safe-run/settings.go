@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 )
 
@@ -45,36 +46,88 @@ func applySettings(fs *flag.FlagSet, env map[string]string, configFile string) e
 		if given[key] {
 			continue
 		}
-		if err := fs.Set(key, settingText(file[key])); err != nil {
+		text, err := settingValue(fs.Lookup(key), file[key])
+		if err != nil {
+			return fmt.Errorf("config file %s: %q %v", configFile, key, err)
+		}
+		if err := fs.Set(key, text); err != nil {
 			return fmt.Errorf("config file %s: %q: %v", configFile, key, err)
 		}
 	}
 	return nil
 }
 
-// settingText turns a JSON value into the text form a flag parses; lists
-// become comma-separated.
-func settingText(v any) string {
-	switch v := v.(type) {
-	case string:
-		return v
-	case []any:
-		for _, e := range v {
-			if _, ok := e.(map[string]any); ok {
-				b, _ := json.Marshal(v) // a list of objects stays JSON
-				return string(b)
-			}
-		}
-		parts := make([]string, len(v))
-		for i, e := range v {
-			parts[i] = settingText(e)
-		}
-		return strings.Join(parts, ",")
-	case nil:
-		return ""
+// settingValue turns a config file's JSON value for flag f into the text
+// form the flag parses, refusing a value of the wrong JSON type: a switch
+// takes true or false, a text setting a string (or, for lists, a list of
+// them), a number, size or duration a number or a string. Otherwise
+// {"token": true} would become the token "true".
+func settingValue(f *flag.Flag, v any) (string, error) {
+	if v == nil {
+		return "", fmt.Errorf("is null; leave the key out to use the default")
 	}
-	b, _ := json.Marshal(v)
-	return string(b)
+	kind := settingKind(f)
+	switch v := v.(type) {
+	case bool:
+		if kind == "switch" {
+			return strconv.FormatBool(v), nil
+		}
+	case string:
+		if kind != "switch" {
+			return v, nil
+		}
+	case float64:
+		if kind == "number" {
+			return strconv.FormatFloat(v, 'f', -1, 64), nil
+		}
+	case []any:
+		if kind == "text" {
+			return listText(v)
+		}
+	}
+	want := map[string]string{"switch": "true or false", "text": "a string", "number": "a number or a string"}[kind]
+	got, _ := json.Marshal(v)
+	return "", fmt.Errorf("must be %s, not %s", want, got)
+}
+
+// settingKind classifies a flag by the JSON values it takes: "switch",
+// "text" or "number" (numbers, sizes and durations).
+func settingKind(f *flag.Flag) string {
+	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+		return "switch"
+	}
+	switch v := f.Value.(type) {
+	case absPathFlag, languagesFlag:
+		return "text"
+	case flag.Getter:
+		if _, ok := v.Get().(string); ok {
+			return "text"
+		}
+	}
+	return "number"
+}
+
+// listText joins a list of strings with commas; a list of objects (the
+// languages) stays JSON.
+func listText(list []any) (string, error) {
+	parts := make([]string, len(list))
+	objects := 0
+	for i, e := range list {
+		switch e := e.(type) {
+		case string:
+			parts[i] = e
+		case map[string]any:
+			objects++
+		default:
+			got, _ := json.Marshal(e)
+			return "", fmt.Errorf("must list strings, not %s", got)
+		}
+	}
+	if objects > 0 {
+		b, _ := json.Marshal(list)
+		return string(b), nil
+	}
+	return strings.Join(parts, ","), nil
 }
 
 func sortedKeys[V any](m map[string]V) []string {
