@@ -5,12 +5,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/safe-run/safe-run/bundle"
 )
@@ -35,8 +38,12 @@ const gvisorMemoryFile = "/memfd:runsc-memory"
 //     absorbs what they add before the next poll.
 //   - those plus the sentry's own anonymous memory (its heap: the kernel
 //     objects of a million files, say, which are not in the memory file)
-//     over the limit plus bundle.MemoryHeadroom, the bound a memory cgroup
-//     puts on the same processes.
+//     plus the page tables of the sandbox's host processes (a program that
+//     touches one byte per GiB of a huge sparse mapping makes the systrap
+//     stubs, whose address spaces mirror the program's, hold two pages of
+//     page tables for every page it uses) over the limit plus
+//     bundle.MemoryHeadroom, the bound a memory cgroup puts on the same
+//     processes, which charges it their page tables too.
 //
 // The peak it reports is the second measure, as a cgroup's would be.
 type memoryWatch struct {
@@ -101,11 +108,10 @@ func (w *memoryWatch) run(p *sandboxProc) {
 			}
 			continue
 		}
-		file, alive := memoryFileBytes(sentry)
+		file, whole, alive := hostMemory(sentry)
 		if !alive {
 			return // the sandbox is gone
 		}
-		whole := file + rssAnon(sentry)
 		if whole > w.peak.Load() {
 			w.peak.Store(whole)
 		}
@@ -212,18 +218,62 @@ func (p *sandboxProc) memoryUsage() (int64, error) {
 	if err != nil {
 		return 0, err
 	}
-	file, alive := memoryFileBytes(sentry)
+	_, whole, alive := hostMemory(sentry)
 	if !alive {
 		return 0, errors.New("read memory usage: the sandbox is gone")
 	}
-	return file + rssAnon(sentry), nil
+	return whole, nil
 }
 
-// rssAnon reads a process's resident anonymous memory, 0 if unknown.
-func rssAnon(pid int) int64 {
+// hostMemory reads what the sandbox of sentry holds on the host: the bytes
+// of gVisor's memory file, and those plus the sentry's anonymous memory
+// and the page tables of the sentry and the processes below it (what a
+// memory cgroup would count). alive is false once the sentry is gone.
+func hostMemory(sentry int) (file, whole int64, alive bool) {
+	file, alive = memoryFileBytes(sentry)
+	if !alive {
+		return 0, 0, false
+	}
+	return file, file + statusBytes(sentry, "RssAnon:") + pageTableBytes(sentry), true
+}
+
+// pageTableBytes adds up the page tables of pid and its descendants once
+// per address space: systrap's stub processes share theirs in groups, and
+// each group's page tables exist once (kcmp tells them apart; where it
+// cannot, a process counts on its own, which can only count more).
+func pageTableBytes(pid int) int64 {
+	var spaces []int // one process of each address space counted
+	var total int64
+	var walk func(pid int)
+	walk = func(pid int) {
+		if !slices.ContainsFunc(spaces, func(other int) bool { return sameAddressSpace(pid, other) }) {
+			spaces = append(spaces, pid)
+			total += statusBytes(pid, "VmPTE:")
+		}
+		for _, child := range childPids(pid) {
+			walk(child)
+		}
+	}
+	walk(pid)
+	return total
+}
+
+// sameAddressSpace reports whether processes a and b share their memory
+// map.
+func sameAddressSpace(a, b int) bool {
+	r, _, errno := unix.Syscall6(unix.SYS_KCMP, uintptr(a), uintptr(b), kcmpVM, 0, 0, 0)
+	return errno == 0 && r == 0
+}
+
+// kcmpVM is KCMP_VM of linux/kcmp.h.
+const kcmpVM = 1
+
+// statusBytes reads a field counted in kB from a process's status, 0 if
+// unknown.
+func statusBytes(pid int, field string) int64 {
 	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+		if v, ok := strings.CutPrefix(line, field); ok {
 			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			return kb << 10
 		}
