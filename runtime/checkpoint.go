@@ -22,7 +22,8 @@ import (
 // sandbox is still used for one run only.
 
 // checkpointState is what the pool knows of a language's checkpoint image.
-// Only the filler goroutine touches it.
+// One goroutine at a time touches it: the filler, or with OnDemand (which
+// has no filler) the run restoring under the pool's starting lock.
 type checkpointState struct {
 	image    string // the image directory, once built or found
 	disabled string // why this language refills cold, once that is decided
@@ -89,8 +90,16 @@ func (p *pool) restoreFailed(pl *poolLang, image string, err error) {
 	}
 }
 
-// restore starts a sandbox from image and checks that its agent answers.
+// restore starts a sandbox from image, once its seal is checked, and
+// checks that its agent answers.
 func (p *pool) restore(pl *poolLang, image string) (*sandboxProc, error) {
+	key, err := sealKey(checkpointKeyPath(p.rt.cfg.StateDir))
+	if err != nil {
+		return nil, err
+	}
+	if err := verifyCheckpoint(image, key); err != nil {
+		return nil, err
+	}
 	sp, err := p.rt.startSandbox(pl.job, true, image)
 	if err != nil {
 		return nil, err
@@ -145,6 +154,13 @@ func (p *pool) buildCheckpoint(pl *poolLang) (dir string, built bool, err error)
 	meta, _ := json.Marshal(map[string]any{"language": pl.lang.Name, "preload": pl.preload, "created": time.Now().UTC()})
 	if err := os.WriteFile(filepath.Join(staging, checkpointDone), meta, 0o600); err != nil {
 		return "", false, fmt.Errorf("write checkpoint image: %w", err)
+	}
+	sealK, err := sealKey(checkpointKeyPath(p.rt.cfg.StateDir))
+	if err != nil {
+		return "", false, err
+	}
+	if err := sealCheckpoint(staging, sealK); err != nil {
+		return "", false, err
 	}
 	if err := os.Rename(staging, dir); err != nil {
 		if _, statErr := os.Stat(filepath.Join(dir, checkpointDone)); statErr == nil {
