@@ -75,7 +75,7 @@ func sessionTools(env Environment) []sessionTool {
 		},
 		{
 			name:        "read_file",
-			description: "Read a file from a session's /workspace: text as text, images as images, other files as base64 resources. Symbolic links are not followed.",
+			description: "Read a file from a session's /workspace: text as text, PNG, JPEG and GIF images as images, other files as base64 resources (SVG and HTML as their source text). Symbolic links are not followed. A name listed with \\u escapes is read as listed.",
 			input: `{"type": "object", "properties": {
   "session_id": ` + sessionIDSchema + `,
   "path": {"type": "string", "description": "relative to /workspace"}
