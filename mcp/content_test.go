@@ -13,6 +13,7 @@ import (
 	"image/png"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 
@@ -180,17 +181,11 @@ func TestResultWithholdsActiveContent(t *testing.T) {
 			t.Errorf("structured file %d = %v, want %+v", i, f, w)
 		}
 	}
-	text := firstText(t, r)
-	for _, w := range []string{
-		"  evil.svg (text/plain, " + sandbox.FormatBytes(int64(len(svgScript))) + "): returned (not returned as an image: SVG can carry scripts; it comes back as text/plain)\n",
+	assertLines(t, firstText(t, r),
+		"  evil.svg (text/plain, "+sandbox.FormatBytes(int64(len(svgScript)))+"): returned (not returned as an image: SVG can carry scripts; it comes back as text/plain)\n",
 		"  page.html (text/plain, 25B): returned (not returned as text/html: a client could render it and run its scripts; it comes back as text/plain)\n",
 		"  bomb.png (image/png, 33B): not returned: the image declares 100000×100000 pixels, over the 25-megapixel cap for images\n",
-		"  plot.png (image/png, ",
-	} {
-		if !strings.Contains(text, w) {
-			t.Errorf("text does not contain %q:\n%s", w, text)
-		}
-	}
+		"  plot.png (image/png, ")
 }
 
 // bidiName reads as "invoiceexe.png" and is an executable.
@@ -243,12 +238,8 @@ func TestResultEscapesNames(t *testing.T) {
 	if strings.ContainsFunc(text, func(r rune) bool { return hidden(r) && r != '\n' }) {
 		t.Errorf("text shows hidden characters: %q", text)
 	}
-	for _, w := range []string{`  invoice\u202egnp.exe (text/plain, 2B): returned; the name has invisible or control characters, shown as \u escapes` + "\n",
-		`  skipped\u200b.png (image/png, 9MiB): not returned: larger than the per-file limit; the name has`} {
-		if !strings.Contains(text, w) {
-			t.Errorf("text does not contain %q:\n%s", w, text)
-		}
-	}
+	assertLines(t, text, `  invoice\u202egnp.exe (text/plain, 2B): returned; the name has invisible or control characters, shown as \u escapes`+"\n",
+		`  skipped\u200b.png (image/png, 9MiB): not returned: larger than the per-file limit; the name has`)
 	got := checkStructured(t, r.StructuredContent)
 	for i, want := range []string{`invoice\u202egnp.exe`, `skipped\u200b.png`} {
 		f := got["files"].([]any)[i].(map[string]any)
@@ -356,4 +347,31 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(data)
+}
+
+// assertLines checks that text contains each of wants.
+func assertLines(t *testing.T, text string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(text, w) {
+			t.Errorf("text does not contain %q:\n%s", w, text)
+		}
+	}
+}
+
+// FuzzEscapeName: an escaped name shows no hidden character and reads
+// back as the name.
+func FuzzEscapeName(f *testing.F) {
+	for _, s := range []string{"plot.png", bidiName, "a\x00b\xff", `back\slash`, "tag\U000e0041", `\u202e`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		shown := escapeName(name)
+		if strings.ContainsFunc(shown, hidden) || !utf8.ValidString(shown) {
+			t.Fatalf("escapeName(%q) = %q shows hidden characters", name, shown)
+		}
+		if back := unescapeName(shown); back != name {
+			t.Fatalf("unescapeName(escapeName(%q)) = %q", name, back)
+		}
+	})
 }

@@ -273,18 +273,12 @@ func TestResultSkippedFiles(t *testing.T) {
 			t.Errorf("structured file %d = %v, want path %s, returned %v, skipped %q", i, f, want.path, want.returned, want.skipped)
 		}
 	}
-	text := firstText(t, r)
-	for _, w := range []string{
+	assertLines(t, firstText(t, r),
 		"files in /workspace/out:\n",
-		"  a.png (image/png, " + sandbox.FormatBytes(int64(len(pngData))) + "): returned\n",
+		"  a.png (image/png, "+sandbox.FormatBytes(int64(len(pngData)))+"): returned\n",
 		"  huge.png (image/png, 9MiB): not returned: over the 8MiB per-file cap\n",
 		"  link (application/octet-stream, 11B): not returned: a symbolic link\n",
-		"  b.csv (text/csv, 4B): returned\n",
-	} {
-		if !strings.Contains(text, w) {
-			t.Errorf("text does not contain %q:\n%s", w, text)
-		}
-	}
+		"  b.csv (text/csv, 4B): returned\n")
 }
 
 func TestRenderText(t *testing.T) {
