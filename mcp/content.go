@@ -110,11 +110,12 @@ func hidden(r rune) bool {
 	return !unicode.IsGraphic(r)
 }
 
-// escapeName renders a file name for the client: hidden characters become
-// \uXXXX (or \UXXXXXXXX), bytes that are not UTF-8 \xNN, and a backslash
-// \\. Paths in the workspace never hold a backslash (sandbox.CheckPath), so
-// an escaped name reads back unambiguously with unescapeName.
-func escapeName(s string) string {
+// EscapeName renders a file name for a client or a terminal: hidden
+// characters become \uXXXX (or \UXXXXXXXX), bytes that are not UTF-8 \xNN,
+// and a backslash \\. Paths in the workspace never hold a backslash
+// (sandbox.CheckPath), so an escaped name reads back unambiguously with
+// unescapeName.
+func EscapeName(s string) string {
 	if !strings.ContainsFunc(s, func(r rune) bool { return hidden(r) || r == '\\' || r == utf8.RuneError }) {
 		return s
 	}
@@ -138,10 +139,10 @@ func escapeName(s string) string {
 	return b.String()
 }
 
-// nameEscapedNote follows a name that escapeName changed.
+// nameEscapedNote follows a name that EscapeName changed.
 const nameEscapedNote = "; the name has invisible or control characters, shown as \\u escapes"
 
-// unescapeName reverses escapeName for a path the client passes back, so
+// unescapeName reverses EscapeName for a path the client passes back, so
 // that a name listed as invoice\u202egnp.exe can be read as listed. A
 // string with any other backslash is returned as it is, for the path
 // check to refuse.

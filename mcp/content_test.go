@@ -209,15 +209,15 @@ func TestEscapeName(t *testing.T) {
 		{`back\slash`, `back\\slash`},
 	}
 	for _, tt := range tests {
-		got := escapeName(tt.name)
+		got := EscapeName(tt.name)
 		if got != tt.want {
-			t.Errorf("escapeName(%q) = %q, want %q", tt.name, got, tt.want)
+			t.Errorf("EscapeName(%q) = %q, want %q", tt.name, got, tt.want)
 		}
 		if back := unescapeName(got); back != tt.name {
 			t.Errorf("unescapeName(%q) = %q, want %q", got, back, tt.name)
 		}
 		if strings.ContainsFunc(got, hidden) {
-			t.Errorf("escapeName(%q) = %q still has hidden characters", tt.name, got)
+			t.Errorf("EscapeName(%q) = %q still has hidden characters", tt.name, got)
 		}
 	}
 	for _, s := range []string{`a\qb`, `a\u12`, `a\uzzzz`, `trailing\`} {
@@ -306,7 +306,7 @@ func TestReadFileResult(t *testing.T) {
 			data, _ := json.Marshal(r.StructuredContent)
 			var out map[string]any
 			_ = json.Unmarshal(data, &out)
-			if out["mime_type"] != tt.mime || out["path"] != escapeName(tt.name) || (tt.note != "") != (out["withheld"] != nil || out["skipped"] != nil || out["name_escaped"] != nil) {
+			if out["mime_type"] != tt.mime || out["path"] != EscapeName(tt.name) || (tt.note != "") != (out["withheld"] != nil || out["skipped"] != nil || out["name_escaped"] != nil) {
 				t.Errorf("structured %v", out)
 			}
 		})
@@ -366,12 +366,12 @@ func FuzzEscapeName(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		shown := escapeName(name)
+		shown := EscapeName(name)
 		if strings.ContainsFunc(shown, hidden) || !utf8.ValidString(shown) {
-			t.Fatalf("escapeName(%q) = %q shows hidden characters", name, shown)
+			t.Fatalf("EscapeName(%q) = %q shows hidden characters", name, shown)
 		}
 		if back := unescapeName(shown); back != name {
-			t.Fatalf("unescapeName(escapeName(%q)) = %q", name, back)
+			t.Fatalf("unescapeName(EscapeName(%q)) = %q", name, back)
 		}
 	})
 }

@@ -253,7 +253,7 @@ func (h *handler) writeFile(ctx context.Context, args map[string]json.RawMessage
 	if err := h.cfg.Sessions.WriteFiles(ctx, id, []sandbox.File{file}); err != nil {
 		return sessionError(err), nil
 	}
-	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", escapeName(file.Path), len(file.Data))), nil
+	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", EscapeName(file.Path), len(file.Data))), nil
 }
 
 // writeFileArgs decodes write_file's arguments; errors are
@@ -296,7 +296,7 @@ func (h *handler) readFile(ctx context.Context, args map[string]json.RawMessage)
 // text, checked images as images, other files as resources; a note first
 // says what was withheld.
 func readFileResult(f sandbox.OutputFile) *mcpgo.CallToolResult {
-	shown := escapeName(f.Path)
+	shown := EscapeName(f.Path)
 	d := deliver(f.Path, f.Data)
 	out := map[string]any{"path": shown, "size": f.Size, "mime_type": d.mimeType, "returned": d.skipped == ""}
 	var notes []string
@@ -345,7 +345,7 @@ func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage
 	entries := []entry{}
 	escaped := false
 	for _, f := range files {
-		name := escapeName(f.Path)
+		name := EscapeName(f.Path)
 		escaped = escaped || name != f.Path
 		entries = append(entries, entry{name, f.Type, f.Size})
 		switch f.Type {

@@ -312,7 +312,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
-		o := outputFile{Path: escapeName(f.Path), Size: f.Size, MIMEType: mimeType(f.Path), Skipped: f.Skipped}
+		o := outputFile{Path: EscapeName(f.Path), Size: f.Size, MIMEType: mimeType(f.Path), Skipped: f.Skipped}
 		o.NameEscaped = o.Path != f.Path
 		if f.Skipped == "" {
 			d := deliver(f.Path, f.Data)

@@ -195,7 +195,7 @@ func saveFiles(dir string, files []sandbox.OutputFile) error {
 	defer root.Close()
 	for _, f := range files {
 		if f.Skipped != "" {
-			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", f.Path, f.Skipped)
+			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", mcp.EscapeName(f.Path), f.Skipped)
 			continue
 		}
 		if d := filepath.Dir(f.Path); d != "." {

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +59,8 @@ func hasHidden(s string) bool {
 // resource, no image whose header declares more than the pixel cap, and
 // no file name with a bidi override; each says what it withheld. The
 // CLI's --json shows the name escaped and decodes to the real one. A
-// whole small PNG comes back as an image (the positive control).
+// whole small PNG comes back as an image (the positive control). The
+// CLI's text output names a file it did not copy escaped.
 func TestThreatActiveContent(t *testing.T) {
 	h := newThreatHarness(t)
 	ts := h.server
@@ -212,6 +216,23 @@ func TestThreatActiveContent(t *testing.T) {
 		}
 		if !found {
 			t.Errorf("the JSON does not decode to the file's real name: %+v", r.result.Files)
+		}
+	})
+	t.Run("cli text", func(t *testing.T) {
+		// A link is never copied; the line that says so names it.
+		code := `import os
+os.makedirs("out", exist_ok=True)
+os.symlink("/etc/passwd", "out/invoice\u202egnp.exe")`
+		argv := append([]string{"run", "--state-dir", h.cliState, "--lang", "python", "--out", t.TempDir()}, h.cliLimitArgs...)
+		cmd := exec.Command(h.bin, append(argv, "-c", code)...)
+		cmd.Env = append(os.Environ(), h.env()...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("safe-run run: %v\n%s", err, stderr.String())
+		}
+		if hasHidden(stderr.String()) || !strings.Contains(stderr.String(), "out/"+bidiShown+" not copied: symbolic link") {
+			t.Errorf("safe-run run's stderr %q, want the link named as %s", stderr.String(), bidiShown)
 		}
 	})
 	h.assertHostClean(t)
