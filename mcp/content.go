@@ -21,7 +21,7 @@ import (
 
 // maxImagePixels caps the width×height an image's header may declare for
 // it to come back as an image. A client decodes to about 4 bytes a pixel,
-// and a few hundred bytes of PNG can declare 10 gigapixels; 25 megapixels
+// and a 33-byte PNG header can declare 10 gigapixels; 25 megapixels
 // (5000×5000, about 100 MB decoded) is far above any plot. Only the
 // canvas is checked: the frames of an animated GIF or APNG are not counted.
 const maxImagePixels = 25_000_000
