@@ -84,6 +84,7 @@ bench: deps build runsc rootfs
 FUZZTIME ?= 10s
 FUZZ_TARGETS := sandbox:FuzzCheckPath sandbox:FuzzPolicyCheck mcp:FuzzRunCodeArgs mcp:FuzzSessionToolArgs \
 	agent:FuzzWorkspacePaths rootfs:FuzzExtract
+FUZZ_TARGETS += mcp:FuzzEscapeName
 fuzz:
 	@set -e; tmp=$$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for t in $(FUZZ_TARGETS); do \

@@ -75,7 +75,7 @@ func sessionTools(env Environment) []sessionTool {
 		},
 		{
 			name:        "read_file",
-			description: "Read a file from a session's /workspace: text as text, images as images, other files as base64 resources. Symbolic links are not followed.",
+			description: "Read a file from a session's /workspace: text as text, PNG, JPEG and GIF images as images, other files as base64 resources (SVG and HTML as their source text). Symbolic links are not followed. A name listed with \\u escapes is read as listed.",
 			input: `{"type": "object", "properties": {
   "session_id": ` + sessionIDSchema + `,
   "path": {"type": "string", "description": "relative to /workspace"}
@@ -253,7 +253,7 @@ func (h *handler) writeFile(ctx context.Context, args map[string]json.RawMessage
 	if err := h.cfg.Sessions.WriteFiles(ctx, id, []sandbox.File{file}); err != nil {
 		return sessionError(err), nil
 	}
-	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", file.Path, len(file.Data))), nil
+	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", EscapeName(file.Path), len(file.Data))), nil
 }
 
 // writeFileArgs decodes write_file's arguments; errors are
@@ -285,22 +285,45 @@ func (h *handler) readFile(ctx context.Context, args map[string]json.RawMessage)
 	if err := errors.Join(err1, err2); err != nil {
 		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	f, err := h.cfg.Sessions.ReadFile(ctx, id, name)
+	f, err := h.cfg.Sessions.ReadFile(ctx, id, unescapeName(name))
 	if err != nil {
 		return sessionError(err), nil
 	}
-	mt := mimeType(f.Path)
-	out := map[string]any{"path": f.Path, "size": f.Size, "mime_type": mt}
-	var content mcpgo.Content
-	switch {
-	case slices.Contains(imageTypes, mt):
-		content = mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), mt)
-	case looksLikeText(f.Data):
-		content = mcpgo.NewTextContent(string(f.Data))
-	default:
-		content = fileContent(f, mt)
+	return readFileResult(f), nil
+}
+
+// readFileResult is read_file's result under the content policy: text as
+// text, checked images as images, other files as resources; a note first
+// says what was withheld.
+func readFileResult(f sandbox.OutputFile) *mcpgo.CallToolResult {
+	shown := EscapeName(f.Path)
+	d := deliver(f.Path, f.Data)
+	out := map[string]any{"path": shown, "size": f.Size, "mime_type": d.mimeType, "returned": d.skipped == ""}
+	var notes []string
+	if shown != f.Path {
+		out["name_escaped"] = true
+		notes = append(notes, shown+":"+nameEscapedNote[1:])
 	}
-	return &mcpgo.CallToolResult{Content: []mcpgo.Content{content}, StructuredContent: out}, nil
+	var content []mcpgo.Content
+	switch {
+	case d.skipped != "":
+		out["skipped"] = d.skipped
+		notes = append(notes, shown+": not returned: "+d.skipped)
+	case d.image:
+		content = append(content, mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), d.mimeType))
+	case d.text:
+		content = append(content, mcpgo.NewTextContent(string(f.Data)))
+	default:
+		content = append(content, fileContent(f, d))
+	}
+	if d.withheld != "" {
+		out["withheld"] = d.withheld
+		notes = append(notes, shown+": "+d.withheld)
+	}
+	if len(notes) > 0 {
+		content = append([]mcpgo.Content{mcpgo.NewTextContent(strings.Join(notes, "\n"))}, content...)
+	}
+	return &mcpgo.CallToolResult{Content: content, StructuredContent: out}
 }
 
 func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
@@ -309,7 +332,7 @@ func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage
 	if err := errors.Join(err1, err2); err != nil {
 		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	files, err := h.cfg.Sessions.ListFiles(ctx, id, dir)
+	files, err := h.cfg.Sessions.ListFiles(ctx, id, unescapeName(dir))
 	if err != nil {
 		return sessionError(err), nil
 	}
@@ -320,16 +343,22 @@ func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage
 		Size int64  `json:"size"`
 	}
 	entries := []entry{}
+	escaped := false
 	for _, f := range files {
-		entries = append(entries, entry{f.Path, f.Type, f.Size})
+		name := EscapeName(f.Path)
+		escaped = escaped || name != f.Path
+		entries = append(entries, entry{name, f.Type, f.Size})
 		switch f.Type {
 		case "dir":
-			fmt.Fprintf(&b, "%s/\n", f.Path)
+			fmt.Fprintf(&b, "%s/\n", name)
 		case "file":
-			fmt.Fprintf(&b, "%s  %s\n", f.Path, sandbox.FormatBytes(f.Size))
+			fmt.Fprintf(&b, "%s  %s\n", name, sandbox.FormatBytes(f.Size))
 		default:
-			fmt.Fprintf(&b, "%s  (%s)\n", f.Path, f.Type)
+			fmt.Fprintf(&b, "%s  (%s)\n", name, f.Type)
 		}
+	}
+	if escaped {
+		b.WriteString("(names with invisible or control characters are shown as \\u escapes; read_file takes them as shown)\n")
 	}
 	if len(files) == 0 {
 		b.WriteString("(empty)")

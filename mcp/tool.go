@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
@@ -64,6 +63,11 @@ type outputFile struct {
 	// Returned says the file is in the result's content; Skipped says why not.
 	Returned bool   `json:"returned"`
 	Skipped  string `json:"skipped,omitempty"`
+	// Withheld says what of a returned file does not come back as its
+	// name suggests (an SVG as text, not as an image), and why.
+	Withheld string `json:"withheld,omitempty"`
+	// NameEscaped says Path shows hidden characters of the name as escapes.
+	NameEscaped bool `json:"name_escaped,omitempty"`
 }
 
 // outputSchema describes runCodeOutput.
@@ -85,8 +89,12 @@ const outputSchema = `{
     "files": {"type": "array", "description": "files the program wrote to /workspace/out",
       "items": {"type": "object",
         "properties": {
-          "path": {"type": "string"}, "size": {"type": "integer"}, "mime_type": {"type": "string"},
-          "returned": {"type": "boolean"}, "skipped": {"type": "string"}},
+          "path": {"type": "string", "description": "relative to /workspace/out; invisible and control characters are shown as \\u escapes"},
+          "size": {"type": "integer"},
+          "mime_type": {"type": "string", "description": "the type the content comes back with"},
+          "returned": {"type": "boolean"}, "skipped": {"type": "string", "description": "why the content is not returned"},
+          "withheld": {"type": "string", "description": "what does not come back as the name suggests, and why (e.g. an SVG comes back as text)"},
+          "name_escaped": {"type": "boolean", "description": "path shows characters of the name as escapes"}},
         "required": ["path", "size", "mime_type", "returned"]}}
   },
   "required": ["status", "exit_code", "stdout", "stderr", "stdout_truncated", "stderr_truncated", "duration_ms", "memory_peak_bytes", "files"]
@@ -145,10 +153,10 @@ func describeTool(env Environment, maxTimeout time.Duration) string {
 Languages: %s.%s
 %s There is no network: nothing can be downloaded or installed, so use only what is listed above.
 The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
-To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). Images (PNG, JPEG, GIF, SVG) come back as images, other files as resources; at most %d files, %s each.
+To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). PNG, JPEG and GIF images up to %d megapixels come back as images; other files as resources, as plain text or bytes unless they are CSV, Markdown or JSON (SVG and HTML come back as their source text); at most %d files, %s each.
 Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
 Print results to stdout. A non-zero exit, an uncaught exception or a hit limit is reported as an error with the end of stderr.`,
-		env.describeLanguages(), describeImages(env), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
+		env.describeLanguages(), describeImages(env), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), maxImagePixels/1_000_000, of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
 		d.TimeoutSeconds, maxTimeout.Seconds(), sandbox.FormatBytes(d.MemoryBytes), d.Processes, sandbox.FormatBytes(d.OutputBytes))
 }
 
@@ -293,7 +301,7 @@ func inputErrorText(err error) string {
 
 // result translates a run's result into the tool's result: structured
 // content, a short text rendering, and the output files as images and
-// embedded resources.
+// embedded resources, under the content policy (deliver).
 func result(res sandbox.Result) *mcpgo.CallToolResult {
 	out := runCodeOutput{
 		Status: res.Status, ExitCode: res.ExitCode, Signal: res.Signal,
@@ -304,10 +312,15 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
-		o := outputFile{Path: f.Path, Size: f.Size, MIMEType: mimeType(f.Path), Skipped: f.Skipped}
+		o := outputFile{Path: EscapeName(f.Path), Size: f.Size, MIMEType: mimeType(f.Path), Skipped: f.Skipped}
+		o.NameEscaped = o.Path != f.Path
 		if f.Skipped == "" {
-			o.Returned = true
-			media = append(media, fileContent(f, o.MIMEType))
+			d := deliver(f.Path, f.Data)
+			o.MIMEType, o.Withheld, o.Skipped = d.mimeType, d.withheld, d.skipped
+			if d.skipped == "" {
+				o.Returned = true
+				media = append(media, fileContent(f, d))
+			}
 		}
 		out.Files = append(out.Files, o)
 	}
@@ -319,9 +332,8 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 	return r
 }
 
-// imageTypes are returned as image content; other files as resources.
-var imageTypes = []string{"image/png", "image/jpeg", "image/gif", "image/svg+xml"}
-
+// mimeType is the type a file's name suggests; deliver decides what its
+// content comes back as.
 func mimeType(name string) string {
 	ext := strings.ToLower(path.Ext(name))
 	switch ext {
@@ -341,23 +353,17 @@ func mimeType(name string) string {
 	return "application/octet-stream"
 }
 
-func fileContent(f sandbox.OutputFile, mimeType string) mcpgo.Content {
-	if slices.Contains(imageTypes, mimeType) {
-		return mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), mimeType)
+// fileContent is an output file's content as d delivers it: an image, or
+// an embedded resource of text or base64.
+func fileContent(f sandbox.OutputFile, d delivery) mcpgo.Content {
+	if d.image {
+		return mcpgo.NewImageContent(base64.StdEncoding.EncodeToString(f.Data), d.mimeType)
 	}
 	uri := (&url.URL{Scheme: "sandbox", Path: "/workspace/" + outputDir + "/" + f.Path}).String()
-	textual := strings.HasPrefix(mimeType, "text/") || mimeType == "application/json" || mimeType == "application/octet-stream" && looksLikeText(f.Data)
-	if textual && utf8.Valid(f.Data) {
-		if mimeType == "application/octet-stream" {
-			mimeType = "text/plain"
-		}
-		return mcpgo.NewEmbeddedResource(mcpgo.TextResourceContents{URI: uri, MIMEType: mimeType, Text: string(f.Data)})
+	if d.text {
+		return mcpgo.NewEmbeddedResource(mcpgo.TextResourceContents{URI: uri, MIMEType: d.mimeType, Text: string(f.Data)})
 	}
-	return mcpgo.NewEmbeddedResource(mcpgo.BlobResourceContents{URI: uri, MIMEType: mimeType, Blob: base64.StdEncoding.EncodeToString(f.Data)})
-}
-
-func looksLikeText(data []byte) bool {
-	return utf8.Valid(data) && !slices.Contains(data, 0)
+	return mcpgo.NewEmbeddedResource(mcpgo.BlobResourceContents{URI: uri, MIMEType: d.mimeType, Blob: base64.StdEncoding.EncodeToString(f.Data)})
 }
 
 // stderrTailLines is how much of stderr a failure's summary repeats.
@@ -395,8 +401,14 @@ func renderText(o runCodeOutput) string {
 		b.WriteString("\nfiles in /workspace/out:\n")
 		for _, f := range o.Files {
 			state := "returned"
+			if f.Withheld != "" {
+				state += " (" + f.Withheld + ")"
+			}
 			if !f.Returned {
 				state = "not returned: " + f.Skipped
+			}
+			if f.NameEscaped {
+				state += nameEscapedNote
 			}
 			fmt.Fprintf(&b, "  %s (%s, %s): %s\n", f.Path, f.MIMEType, sandbox.FormatBytes(f.Size), state)
 		}

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/safe-run/safe-run/audit"
+	"github.com/safe-run/safe-run/mcp"
 	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -160,9 +161,14 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+		// File names (and output) may hold bidi overrides and other
+		// invisible characters: printed as \u escapes, a terminal shows
+		// them and a JSON reader gets the same value.
+		data, err := json.MarshalIndent(res, "", "  ")
+		if err != nil {
+			return fail(err)
+		}
+		if _, err := os.Stdout.Write(append(mcp.EscapeJSON(data), '\n')); err != nil {
 			return fail(err)
 		}
 	} else if res.Status != sandbox.StatusOK && res.Status != sandbox.StatusError {
@@ -189,7 +195,7 @@ func saveFiles(dir string, files []sandbox.OutputFile) error {
 	defer root.Close()
 	for _, f := range files {
 		if f.Skipped != "" {
-			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", f.Path, f.Skipped)
+			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", mcp.EscapeName(f.Path), f.Skipped)
 			continue
 		}
 		if d := filepath.Dir(f.Path); d != "." {
