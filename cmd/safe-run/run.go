@@ -75,7 +75,8 @@ func cmdRun(args []string) int {
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
 		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
-		outDir  = fs.String("out", "", "copy the files the program writes to /workspace/out into this directory")
+		outDir  = fs.String("out", "", "copy the files the program writes to /workspace/out into this directory: new files only, no names beginning with a dot, never through a link")
+		outOpts outOptions
 		files   fileFlag
 		limits  sandbox.Limits
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
@@ -83,6 +84,8 @@ func cmdRun(args []string) int {
 	)
 	host.register(fs)
 	audits.register(fs)
+	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
+	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
 	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default 512MiB)")
 	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default 128)")
@@ -107,6 +110,9 @@ func cmdRun(args []string) int {
 	job.Limits = limits
 	if *outDir != "" {
 		job.OutputDir = "out"
+		if err := checkOutDir(*outDir, outOpts); err != nil {
+			return fail(err)
+		}
 	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
@@ -160,6 +166,11 @@ func cmdRun(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
+	// Saved first, so that --json tells which files were not.
+	var saveErr error
+	if *outDir != "" {
+		saveErr = saveFiles(*outDir, res.Files, outOpts)
+	}
 	if *asJSON {
 		// File names (and output) may hold bidi overrides and other
 		// invisible characters: printed as \u escapes, a terminal shows
@@ -174,40 +185,10 @@ func cmdRun(args []string) int {
 	} else if res.Status != sandbox.StatusOK && res.Status != sandbox.StatusError {
 		fmt.Fprintf(os.Stderr, "safe-run: %s: %s\n", res.Status, res.Message)
 	}
-	if *outDir != "" {
-		if err := saveFiles(*outDir, res.Files); err != nil {
-			return fail(err)
-		}
+	if saveErr != nil {
+		return fail(saveErr)
 	}
 	return exitCode(res)
-}
-
-// saveFiles writes the run's output files below dir; a file the run
-// could not return is reported instead.
-func saveFiles(dir string, files []sandbox.OutputFile) error {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("save output files: %w", err)
-	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return fmt.Errorf("save output files: %w", err)
-	}
-	defer root.Close()
-	for _, f := range files {
-		if f.Skipped != "" {
-			fmt.Fprintf(os.Stderr, "safe-run: out/%s not copied: %s\n", mcp.EscapeName(f.Path), f.Skipped)
-			continue
-		}
-		if d := filepath.Dir(f.Path); d != "." {
-			if err := root.MkdirAll(d, 0o755); err != nil {
-				return fmt.Errorf("save %s: %w", f.Path, err)
-			}
-		}
-		if err := root.WriteFile(f.Path, f.Data, 0o644); err != nil {
-			return fmt.Errorf("save %s: %w", f.Path, err)
-		}
-	}
-	return nil
 }
 
 // exitCode maps a result to safe-run's exit code.
