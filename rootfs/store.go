@@ -26,6 +26,9 @@ import (
 // DefaultName is the name of the image runs use unless told otherwise.
 const DefaultName = "default"
 
+// SystemDir is root's cache, which other users may read images from.
+const SystemDir = "/var/cache/safe-run"
+
 // DefaultDir returns the cache directory: $SAFE_RUN_CACHE if set, else
 // /var/cache/safe-run for root and $XDG_CACHE_HOME/safe-run (or
 // ~/.cache/safe-run) for other users. A user with neither variable nor a
@@ -40,7 +43,7 @@ func DefaultDir() string {
 			return filepath.Join(d, "safe-run")
 		}
 	}
-	return "/var/cache/safe-run"
+	return SystemDir
 }
 
 // Store is an image cache in a directory:

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -22,6 +23,7 @@ import (
 type hostFlags struct {
 	runsc, agent, cacheDir, image, stateDir, platform, debugLogDir string
 	languages                                                      []sandbox.Language
+	cacheSet                                                       bool // --cache-dir or SAFE_RUN_CACHE given
 }
 
 // hostEnv names the environment variable of each host flag.
@@ -40,7 +42,7 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.runsc, "runsc", "", "runsc binary (default: runsc next to safe-run, then in PATH)")
 	fs.StringVar(&h.agent, "agent", "", "safe-run-agent binary (default: next to safe-run)")
 	h.cacheDir = rootfs.DefaultDir()
-	fs.Var(absPathFlag{&h.cacheDir}, "cache-dir", "image cache `directory`")
+	fs.Var(cacheDirFlag{h}, "cache-dir", "image cache `directory`; unless given, images it lacks are looked up in the system cache "+rootfs.SystemDir+", read-only")
 	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
 	h.languages = sandbox.DefaultLanguages
 	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
@@ -74,7 +76,76 @@ func (h *hostFlags) agentPath() string {
 	return besideExecutable("../libexec/safe-run/safe-run-agent")
 }
 
-func (h *hostFlags) store() rootfs.Store { return rootfs.Store{Dir: h.cacheDir} }
+// cacheDirFlag is --cache-dir, noting that it was given.
+type cacheDirFlag struct{ h *hostFlags }
+
+func (f cacheDirFlag) String() string {
+	if f.h == nil {
+		return ""
+	}
+	return f.h.cacheDir
+}
+
+func (f cacheDirFlag) Set(v string) error {
+	f.h.cacheSet = true
+	return absPathFlag{&f.h.cacheDir}.Set(v)
+}
+
+// defaultCacheEnv is set to 1 by safe-run for itself continuing in a user
+// namespace (enterUserNamespace), where SAFE_RUN_CACHE then carries the
+// user's default cache rather than a cache the user chose.
+const defaultCacheEnv = "SAFE_RUN_CACHE_IS_DEFAULT"
+
+// store is the image cache: the cache directory, and the system cache for
+// a user who chose no cache directory.
+func (h *hostFlags) store() imageCache {
+	c := imageCache{own: rootfs.Store{Dir: h.cacheDir}}
+	passed, _ := filepath.Abs(os.Getenv("SAFE_RUN_CACHE"))
+	chosen := h.cacheSet && (os.Getenv(defaultCacheEnv) != "1" || h.cacheDir != passed)
+	if !chosen && filepath.Clean(h.cacheDir) != rootfs.SystemDir {
+		c.system = &rootfs.Store{Dir: rootfs.SystemDir}
+	}
+	return c
+}
+
+// imageCache looks images up in a cache directory of the user's, then in
+// the system cache, which only root writes: an ordinary user's first run
+// uses the default image root built. Nothing here writes to either.
+type imageCache struct {
+	own    rootfs.Store
+	system *rootfs.Store // nil: the cache directory only
+}
+
+// Lookup returns the image that name points to.
+func (c imageCache) Lookup(name string) (rootfs.Image, error) {
+	img, _, err := c.find(name)
+	return img, err
+}
+
+// find returns the image that name points to and the cache it is in.
+func (c imageCache) find(name string) (img rootfs.Image, dir string, err error) {
+	img, err = c.own.Lookup(name)
+	var missing *rootfs.NotFoundError
+	if err == nil || c.system == nil || !errors.As(err, &missing) {
+		return img, c.own.Path(), err
+	}
+	img, serr := c.system.Lookup(name)
+	if serr == nil {
+		return img, c.system.Path(), nil
+	}
+	if errors.As(serr, &missing) {
+		return img, "", &rootfs.NotFoundError{Name: name, Dir: c.own.Path() + " or " + c.system.Path()}
+	}
+	return img, "", serr
+}
+
+// describe says which cache dir is, for doctor.
+func (c imageCache) describe(dir string) string {
+	if c.system != nil && dir == c.system.Path() {
+		return "the system cache " + dir + " (read-only; " + c.own.Path() + " has none of that name)"
+	}
+	return "the cache " + dir
+}
 
 // besideExecutable returns the path of name relative to the directory of
 // the running safe-run binary, if a file is there.
@@ -139,7 +210,7 @@ func (h *hostFlags) runtimeConfig() (runtime.Config, error) {
 
 // storeImages resolves image references to images of the store, looked up
 // for every run: a re-pulled or removed image takes effect at once.
-func storeImages(store rootfs.Store) runtime.ImageResolver {
+func storeImages(store imageCache) runtime.ImageResolver {
 	return func(ref string) (runtime.Image, error) {
 		img, err := store.Lookup(ref)
 		if err != nil {

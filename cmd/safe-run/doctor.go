@@ -84,7 +84,7 @@ func diagnose(host *hostFlags) []check {
 	agentOK := add(checkAgent(host.agentPath()))
 
 	store := host.store()
-	img, err := store.Lookup(host.image)
+	img, from, err := store.find(host.image)
 	imageOK := err == nil
 	if err != nil {
 		add(check{Name: "image", Detail: err.Error(), Fix: "make rootfs"})
@@ -92,7 +92,7 @@ func diagnose(host *hostFlags) []check {
 		missing := missingInterpreters(img.Root)
 		imageOK = len(missing) == 0
 		add(check{Name: "image", OK: imageOK,
-			Detail: fmt.Sprintf("%q is %s at %s (%s)%s", host.image, img.Key, img.Root, sandbox.FormatBytes(img.Stats.Bytes), listIfAny(" — missing: ", missing)),
+			Detail: fmt.Sprintf("%q is %s at %s (%s), from %s%s", host.image, img.Key, img.Root, sandbox.FormatBytes(img.Stats.Bytes), store.describe(from), listIfAny(" — missing: ", missing)),
 			Fix:    fixIf(!imageOK, "rebuild the image: make rootfs")})
 	}
 

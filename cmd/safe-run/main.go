@@ -75,6 +75,13 @@ func enterUserNamespace(args []string) {
 			env = append(env, name+"="+def)
 		}
 	}
+	// The user's cache passed on is their default, not a choice: images missing
+	// there may still come from the system cache.
+	if os.Getenv("SAFE_RUN_CACHE") == "" {
+		env = append(env, defaultCacheEnv+"=1")
+	} else {
+		env = append(env, defaultCacheEnv+"=")
+	}
 	runtime.UserNamespaceMain(env...)
 }
 
