@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,5 +62,99 @@ func TestSystemCacheForOrdinaryUser(t *testing.T) {
 	out, code := run("SAFE_RUN_CACHE="+own, "run", "--lang", "python", "-c", "print(1)")
 	if code != exitSandboxError || !strings.Contains(out, "the default image is not in "+own+";") {
 		t.Errorf("with SAFE_RUN_CACHE=%s: exit %d, want %d and the image missing from that cache:\n%s", own, code, exitSandboxError, out)
+	}
+}
+
+// TestImageCacheChoice checks when the system cache is looked in: only for
+// a cache directory nobody chose, and after the user's own.
+func TestImageCacheChoice(t *testing.T) {
+	own, other := t.TempDir(), t.TempDir()
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		env    map[string]string
+		system bool
+	}{
+		{name: "default", system: true},
+		{name: "--cache-dir", args: []string{"--cache-dir", other}},
+		{name: "SAFE_RUN_CACHE", env: map[string]string{"SAFE_RUN_CACHE": other}},
+		// safe-run continuing in its user namespace, as enterUserNamespace
+		// starts it for a user who chose no cache.
+		{name: "user namespace, default", env: map[string]string{"SAFE_RUN_CACHE": own, defaultCacheEnv: "1"}, system: true},
+		{name: "user namespace, SAFE_RUN_CACHE", env: map[string]string{"SAFE_RUN_CACHE": other, defaultCacheEnv: ""}},
+		{name: "user namespace, --cache-dir", args: []string{"--cache-dir", other}, env: map[string]string{"SAFE_RUN_CACHE": own, defaultCacheEnv: "1"}},
+		{name: "the system cache itself", args: []string{"--cache-dir", rootfs.SystemDir}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Setenv("SAFE_RUN_CACHE", "")
+			t.Setenv(defaultCacheEnv, "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			fs := flag.NewFlagSet("run", flag.ContinueOnError)
+			var h hostFlags
+			h.register(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			if err := applySettings(fs, hostEnv, ""); err != nil {
+				t.Fatal(err)
+			}
+			want := tc.system
+			if h.cacheDir == rootfs.SystemDir {
+				want = false // root's default: the system cache is the cache
+			}
+			if got := h.store().system != nil; got != want {
+				t.Errorf("cache %s: system cache looked in: %v, want %v", h.cacheDir, got, want)
+			}
+		})
+	}
+}
+
+// TestImageCacheFind looks an image up in the user's cache, then the
+// system's, and names both when neither has it.
+func TestImageCacheFind(t *testing.T) {
+	own, system := t.TempDir(), t.TempDir()
+	fakeImage(t, own, "mine", "aaaa")
+	fakeImage(t, system, "mine", "bbbb")
+	fakeImage(t, system, rootfs.DefaultName, "cccc")
+	c := imageCache{own: rootfs.Store{Dir: own}, system: &rootfs.Store{Dir: system}}
+	for _, tc := range []struct{ name, key, dir string }{
+		{"mine", "aaaa", own},
+		{rootfs.DefaultName, "cccc", system},
+	} {
+		img, dir, err := c.find(tc.name)
+		if err != nil || img.Key != tc.key || dir != tc.dir {
+			t.Errorf("find %s = %s from %s, %v; want %s from %s", tc.name, img.Key, dir, err, tc.key, tc.dir)
+		}
+	}
+	if !strings.Contains(c.describe(system), "system cache") || strings.Contains(c.describe(own), "system") {
+		t.Errorf("describe: %q, %q", c.describe(system), c.describe(own))
+	}
+	_, _, err := c.find("absent")
+	var missing *rootfs.NotFoundError
+	if !errors.As(err, &missing) || !strings.Contains(err.Error(), own+" or "+system) {
+		t.Errorf("find absent: %v, want not found in both", err)
+	}
+	// Without the system cache, only the user's own.
+	if _, _, err := (imageCache{own: rootfs.Store{Dir: own}}).find(rootfs.DefaultName); !errors.As(err, &missing) {
+		t.Errorf("find default without the system cache: %v, want not found", err)
+	}
+}
+
+// fakeImage makes a complete image entry in the store at dir by hand.
+func fakeImage(t *testing.T, dir, name, key string) {
+	t.Helper()
+	for _, d := range []string{filepath.Join(dir, "images", key, "rootfs"), filepath.Join(dir, "names")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta, _ := json.Marshal(rootfs.Image{Key: key})
+	if err := os.WriteFile(filepath.Join(dir, "images", key, "image.json"), meta, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "names", name), []byte(key), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
