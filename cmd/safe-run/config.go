@@ -86,6 +86,9 @@ func (f cacheDirFlag) String() string {
 	return f.h.cacheDir
 }
 
+// Get makes it a text setting (settingKind).
+func (f cacheDirFlag) Get() any { return f.h.cacheDir }
+
 func (f cacheDirFlag) Set(v string) error {
 	f.h.cacheSet = true
 	return absPathFlag{&f.h.cacheDir}.Set(v)
