@@ -117,8 +117,8 @@ type outRefusal struct {
 
 // writeOutFiles writes files below dir, which it creates if missing; dir's
 // own path is the user's and may go through links, nothing below it does.
-// It returns one refusal per file not written; files are never partly
-// written under their own name.
+// It returns one refusal per file not written; a file whose write fails
+// is removed.
 func writeOutFiles(dir string, files []sandbox.OutputFile, opts outOptions) ([]outRefusal, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("save output files: %w", err)
