@@ -191,7 +191,7 @@ func imageDone(img rootfs.Image, name string, took time.Duration, asJSON bool) i
 	case "unchanged":
 		change = "the name already pointed to it"
 	case "replaced":
-		change = "the name pointed to " + img.PreviousKey + " before (--replace)"
+		change = "name replaced: it pointed to " + img.PreviousKey + " before"
 	}
 	if img.Reused {
 		fmt.Fprintf(os.Stderr, "image %q is %s, already in the cache (%s)\n", name, img.Key, change)

@@ -229,7 +229,7 @@ func TestThreatImageImport(t *testing.T) {
 		}
 		// Asked for, the name moves, and the CLI says from where.
 		res = safeRun(t, "", imageArgs(cache, "import", "--replace", taggedDefault)...)
-		if res.code != 0 || !strings.Contains(res.stderr, "the name pointed to import-") {
+		if res.code != 0 || !strings.Contains(res.stderr, "name replaced: it pointed to import-") {
 			t.Errorf("image import --replace: exit %d, stderr %q", res.code, res.stderr)
 		}
 	})
