@@ -64,6 +64,11 @@ func (s Store) ImportImage(ctx context.Context, name string, img v1.Image, sourc
 	if d, err := img.Digest(); err == nil {
 		src.digests = []v1.Hash{d}
 	}
+	return s.lockedImport(ctx, name, img, src, opts)
+}
+
+// lockedImport is importImage, with the store locked for it.
+func (s Store) lockedImport(ctx context.Context, name string, img v1.Image, src imageSource, opts ImportOptions) (Image, error) {
 	unlock, err := s.lock()
 	if err != nil {
 		return Image{}, err
@@ -236,13 +241,7 @@ func (s Store) Pull(ctx context.Context, name, ref string, opts ImportOptions) (
 	}
 	opts.Progress = nil
 	opts.Replace = opts.Replace || name == ref
-	unlock, err := s.lock()
-	if err != nil {
-		return Image{}, err
-	}
-	defer unlock()
-	s.removeStaging()
-	return s.importImage(ctx, name, img, src, opts)
+	return s.lockedImport(ctx, name, img, src, opts)
 }
 
 // parseReference parses an image reference, as Docker does: "python" is
