@@ -21,7 +21,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/authn"
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
@@ -30,13 +29,30 @@ import (
 // image: Linux on this machine's architecture.
 var Platform = v1.Platform{OS: "linux", Architecture: goruntime.GOARCH}
 
+// Where images come from: the first word of their key, so that an image
+// imported from an archive can never be taken for one pulled from a
+// registry, whatever configuration the archive copied.
+const (
+	OriginPull   = "pull"
+	OriginImport = "import"
+)
+
+// imageSource says where an image comes from.
+type imageSource struct {
+	origin string // OriginPull or OriginImport
+	source string // the reference pulled, or the archive's absolute path
+	// digests are the manifest (and index) digests checked on the way to
+	// the image: those a digest-pinned name may pin.
+	digests []v1.Hash
+}
+
 // ImportImage flattens img — an OCI or Docker image from a registry, an
-// archive or a layout — into the store and points name at it. Its layers
-// are applied bottom first with their whiteouts, through the same safe
-// extraction as Import, into a staging directory that becomes the image
-// only once complete. The key is derived from the image's configuration
-// digest (its ID), so an image already in the store is not extracted
-// again. source says where img came from, for the record.
+// archive or a layout — into the store and points name at it, as imported
+// from source. Its layers are applied bottom first with their whiteouts,
+// through the same safe extraction as Import, into a staging directory
+// that becomes the image only once complete; each is checked against the
+// digest its configuration lists (diff_ids), so the image's ID names its
+// content. An image already in the store is not extracted again.
 func (s Store) ImportImage(ctx context.Context, name string, img v1.Image, source string, opts ImportOptions) (Image, error) {
 	if err := checkName(name); err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
@@ -44,36 +60,58 @@ func (s Store) ImportImage(ctx context.Context, name string, img v1.Image, sourc
 	if opts.Key != "" {
 		return Image{}, fmt.Errorf("import: a key is only for root file system archives; an image's key is its ID")
 	}
+	src := imageSource{origin: OriginImport, source: source}
+	if d, err := img.Digest(); err == nil {
+		src.digests = []v1.Hash{d}
+	}
+	return s.lockedImport(ctx, name, img, src, opts)
+}
+
+// lockedImport is importImage, with the store locked for it.
+func (s Store) lockedImport(ctx context.Context, name string, img v1.Image, src imageSource, opts ImportOptions) (Image, error) {
 	unlock, err := s.lock()
 	if err != nil {
 		return Image{}, err
 	}
 	defer unlock()
 	s.removeStaging()
-	return s.importImage(ctx, name, img, source, opts)
+	return s.importImage(ctx, name, img, src, opts)
+}
+
+// imageKey is the key of the image with configuration digest id from
+// origin. The configuration lists the digests of its layers, and every
+// import checks them, so one key holds one content; the origin keeps
+// imports and pulls apart all the same, and keys of images imported before
+// layers were checked ("sha256-…") are never reused.
+func imageKey(origin string, id v1.Hash) string {
+	return origin + "-" + id.Hex[:32]
 }
 
 // importImage is ImportImage with the store locked.
-func (s Store) importImage(ctx context.Context, name string, img v1.Image, source string, opts ImportOptions) (Image, error) {
+func (s Store) importImage(ctx context.Context, name string, img v1.Image, src imageSource, opts ImportOptions) (Image, error) {
 	id, err := img.ConfigName()
 	if err != nil {
-		return Image{}, fmt.Errorf("import %s: read the image configuration: %w", source, err)
+		return Image{}, fmt.Errorf("import %s: read the image configuration: %w", src.source, err)
 	}
-	key := "sha256-" + id.Hex[:32]
-	out, err := s.image(key)
-	if err != nil {
-		if out, err = s.flatten(ctx, key, img, source, opts); err != nil {
-			return Image{}, err
-		}
+	if err := checkPin(name, src.digests); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", src.source, err)
 	}
-	if err := s.setName(name, key); err != nil {
+	key := imageKey(src.origin, id)
+	// Refused before anything is extracted.
+	if _, err := s.checkRename(name, key, opts.Replace); err != nil {
 		return Image{}, err
 	}
-	out.Names = []string{name}
-	return out, nil
+	out, err := s.image(key)
+	if err == nil {
+		out.Reused = true
+	} else if out, err = s.flatten(ctx, key, img, src, opts); err != nil {
+		return Image{}, err
+	}
+	return s.name(name, out, opts.Replace)
 }
 
-func (s Store) flatten(ctx context.Context, key string, img v1.Image, source string, opts ImportOptions) (Image, error) {
+func (s Store) flatten(ctx context.Context, key string, img v1.Image, src imageSource, opts ImportOptions) (Image, error) {
+	source := src.source
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: read the image configuration: %w", source, err)
@@ -89,6 +127,10 @@ func (s Store) flatten(ctx context.Context, key string, img v1.Image, source str
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: list layers: %w", source, err)
 	}
+	diffIDs := cf.RootFS.DiffIDs
+	if len(diffIDs) != len(layers) {
+		return Image{}, fmt.Errorf("import %s: the image has %d layers but its configuration lists %d (rootfs.diff_ids); the archive is not one image", source, len(layers), len(diffIDs))
+	}
 	work, rootDir, err := s.newStaging()
 	if err != nil {
 		return Image{}, err
@@ -103,8 +145,14 @@ func (s Store) flatten(ctx context.Context, key string, img v1.Image, source str
 				return nil, err
 			}
 			rc, err := l.Uncompressed()
-			if err != nil || opts.Progress == nil {
-				return rc, err
+			if err != nil {
+				return nil, err
+			}
+			// What is extracted is what the configuration, and so the
+			// image's ID, names: the end of the layer fails otherwise.
+			rc = newDigestReader(rc, diffIDs[i], -1, "the layer (as rootfs.diff_ids lists it)", false)
+			if opts.Progress == nil {
+				return rc, nil
 			}
 			// Uncompressed bytes: how much a local archive's layers will
 			// unpack to is not known before they are read.
@@ -123,32 +171,62 @@ func (s Store) flatten(ctx context.Context, key string, img v1.Image, source str
 		return Image{}, fmt.Errorf("import %s: %w", source, err)
 	}
 	mp := opts.Mountpoints
-	if cfg.WorkingDir != "" && cfg.WorkingDir != "/" {
-		mp.Dirs = append(mp.Dirs[:len(mp.Dirs):len(mp.Dirs)], cfg.WorkingDir)
-	}
 	if err := makeMountpoints(rootDir, mp); err != nil {
 		return Image{}, fmt.Errorf("import %s: %w", source, err)
 	}
-	id, _ := img.ConfigName()
-	out := Image{Key: key, Source: source, Created: time.Now().UTC(), Stats: stats,
-		ImageID: id.String(), Config: cfg, Mountpoints: recorded(mp)}
+	if cfg.WorkingDir != "" && cfg.WorkingDir != "/" {
+		// Not mounted over: created as the image's WORKDIR would be,
+		// through the image's own links inside its root.
+		if err := makeWorkingDir(rootDir, cfg.WorkingDir); err != nil {
+			return Image{}, fmt.Errorf("import %s: %w", source, err)
+		}
+		mp.Dirs = append(mp.Dirs[:len(mp.Dirs):len(mp.Dirs)], cfg.WorkingDir)
+	}
+	out := Image{Key: key, Origin: src.origin, Source: source, Created: time.Now().UTC(), Stats: stats,
+		ImageID: imageID(img), LayersVerified: true, Config: cfg, Mountpoints: recorded(mp)}
+	if len(src.digests) > 0 {
+		out.Digest = src.digests[len(src.digests)-1].String()
+	}
 	return s.install(work, out)
+}
+
+// imageID is img's ID, its configuration's digest, already read without error.
+func imageID(img v1.Image) string {
+	h, _ := img.ConfigName()
+	return h.String()
 }
 
 // Pull downloads the image ref from its registry, with credentials from
 // the Docker configuration (~/.docker/config.json, credential helpers),
 // and imports it under name. A multi-platform image gives its Platform
-// image. Progress counts the bytes of the image's blobs downloaded.
+// image. Progress counts the bytes of the image's blobs downloaded. The
+// name ref itself is re-pointed to what the registry now says it is;
+// another name only with opts.Replace.
 func (s Store) Pull(ctx context.Context, name, ref string, opts ImportOptions) (Image, error) {
 	r, err := parseReference(ref)
 	if err != nil {
 		return Image{}, err
 	}
+	if err := checkName(name); err != nil {
+		return Image{}, fmt.Errorf("pull: %w", err)
+	}
 	counter := &countingTransport{base: remote.DefaultTransport}
-	img, err := remote.Image(r, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
+	desc, err := remote.Get(r, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
 		remote.WithPlatform(Platform), remote.WithTransport(counter))
 	if err != nil {
 		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	img, err := desc.Image()
+	if err != nil {
+		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	// What ref names (checked against its digest, if it has one), and the
+	// platform's image in it.
+	src := imageSource{origin: OriginPull, source: r.Name(), digests: []v1.Hash{desc.Digest}}
+	if d, err := img.Digest(); err != nil {
+		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
+	} else if d != desc.Digest {
+		src.digests = append(src.digests, d)
 	}
 	if progress := opts.Progress; progress != nil {
 		m, err := img.Manifest()
@@ -162,7 +240,8 @@ func (s Store) Pull(ctx context.Context, name, ref string, opts ImportOptions) (
 		counter.report = func(done int64) { progress(done, total) }
 	}
 	opts.Progress = nil
-	return s.ImportImage(ctx, name, img, r.Name(), opts)
+	opts.Replace = opts.Replace || name == ref
+	return s.lockedImport(ctx, name, img, src, opts)
 }
 
 // parseReference parses an image reference, as Docker does: "python" is
@@ -267,52 +346,63 @@ func archiveFormat(file string) (string, error) {
 }
 
 // openImageArchive opens the one image of a docker save archive or an OCI
-// layout archive (an OCI layout directory works too), and returns the name
-// the archive gives it, if any. An OCI archive is first unpacked, safely,
-// into a directory of the store's staging area; done removes it.
-func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img v1.Image, tag string, done func(), err error) {
+// layout archive (an OCI layout directory works too), and returns where it
+// comes from and the name the archive gives it, if any. An OCI archive is
+// first unpacked, safely, into a directory of the store's staging area;
+// done removes it.
+func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img v1.Image, src imageSource, tag string, done func(), err error) {
 	done = func() {}
+	abs, _ := filepath.Abs(file)
+	src = imageSource{origin: OriginImport, source: abs}
 	if format == formatDocker {
 		opener := func() (io.ReadCloser, error) { return openMaybeGzip(file) }
 		m, err := tarball.LoadManifest(opener)
 		if err != nil {
-			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
+			return nil, src, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
 		}
 		if len(m) != 1 {
-			return nil, "", done, fmt.Errorf("read docker archive %s: it holds %d images; save one image per archive", file, len(m))
+			return nil, src, "", done, fmt.Errorf("read docker archive %s: it holds %d images; save one image per archive", file, len(m))
 		}
 		if len(m[0].RepoTags) > 0 {
 			tag = m[0].RepoTags[0]
 		}
+		// No manifest digest: docker save keeps none, so no digest-pinned
+		// name can be given to its image.
 		img, err := tarball.Image(opener, nil)
 		if err != nil {
-			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
+			return nil, src, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
 		}
-		return img, tag, done, nil
+		return img, src, tag, done, nil
 	}
 	dir := file
 	if fi, err := os.Stat(file); err == nil && !fi.IsDir() {
 		work, rootDir, err := s.newStaging()
 		if err != nil {
-			return nil, "", done, err
+			return nil, src, "", done, err
 		}
 		done = func() { os.RemoveAll(work) }
 		f, err := os.Open(file)
 		if err != nil {
-			return nil, "", done, err
+			return nil, src, "", done, err
 		}
 		_, err = Extract(f, rootDir, limits)
 		f.Close()
 		if err != nil {
-			return nil, "", done, fmt.Errorf("unpack OCI archive %s: %w", file, err)
+			return nil, src, "", done, fmt.Errorf("unpack OCI archive %s: %w", file, err)
 		}
 		dir = rootDir
 	}
-	idx, err := layout.ImageIndexFromPath(dir)
+	l, err := openLayout(dir, file)
 	if err != nil {
-		return nil, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
+		return nil, src, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
 	}
-	if m, err := idx.IndexManifest(); err == nil && len(m.Manifests) == 1 {
+	prev := done
+	done = func() { l.Close(); prev() }
+	m, err := l.readIndex()
+	if err != nil {
+		return nil, src, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
+	}
+	if len(m.Manifests) == 1 {
 		// containerd and Docker put the full name here; the OCI key often
 		// holds only the tag.
 		tag = m.Manifests[0].Annotations["io.containerd.image.name"]
@@ -320,38 +410,11 @@ func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img 
 			tag = m.Manifests[0].Annotations["org.opencontainers.image.ref.name"]
 		}
 	}
-	img, err = onlyImage(idx)
+	img, src.digests, err = l.image(m, 0)
 	if err != nil {
-		return nil, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
+		return nil, src, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
 	}
-	return img, tag, done, nil
-}
-
-// onlyImage picks the image of an index: its only one, or the one for
-// Platform among several, following nested indexes.
-func onlyImage(idx v1.ImageIndex) (v1.Image, error) {
-	m, err := idx.IndexManifest()
-	if err != nil {
-		return nil, err
-	}
-	var candidates []v1.Descriptor
-	for _, d := range m.Manifests {
-		if len(m.Manifests) == 1 || d.Platform == nil || d.Platform.Satisfies(Platform) {
-			candidates = append(candidates, d)
-		}
-	}
-	if len(candidates) != 1 {
-		return nil, fmt.Errorf("it holds %d images for %s/%s; import an archive of one image", len(candidates), Platform.OS, Platform.Architecture)
-	}
-	d := candidates[0]
-	if d.MediaType.IsIndex() {
-		child, err := idx.ImageIndex(d.Digest)
-		if err != nil {
-			return nil, err
-		}
-		return onlyImage(child)
-	}
-	return idx.Image(d.Digest)
+	return img, src, tag, done, nil
 }
 
 func openMaybeGzip(file string) (io.ReadCloser, error) {
@@ -412,7 +475,7 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 	}
 	defer unlock()
 	s.removeStaging()
-	img, tag, done, err := s.openImageArchive(file, format, opts.Limits)
+	img, src, tag, done, err := s.openImageArchive(file, format, opts.Limits)
 	defer done()
 	if err != nil {
 		return Image{}, err
@@ -425,6 +488,5 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 			return Image{}, fmt.Errorf("import %s: the archive's image name: %w; give another with --name", file, err)
 		}
 	}
-	abs, _ := filepath.Abs(file)
-	return s.importImage(ctx, name, img, abs, opts)
+	return s.importImage(ctx, name, img, src, opts)
 }

@@ -116,8 +116,9 @@ func checkLayeredImage(t *testing.T, img Image) {
 	if m := lmode(t, filepath.Join(r, "srv/work")); !m.IsDir() {
 		t.Errorf("the working directory was not created: %v", m)
 	}
-	if !strings.HasPrefix(img.ImageID, "sha256:") || img.Key != "sha256-"+strings.TrimPrefix(img.ImageID, "sha256:")[:32] {
-		t.Errorf("key %q, image ID %q", img.Key, img.ImageID)
+	if !strings.HasPrefix(img.ImageID, "sha256:") || img.Key != img.Origin+"-"+strings.TrimPrefix(img.ImageID, "sha256:")[:32] ||
+		(img.Origin != OriginImport && img.Origin != OriginPull) || !img.LayersVerified {
+		t.Errorf("key %q, origin %q, image ID %q, layers verified %v", img.Key, img.Origin, img.ImageID, img.LayersVerified)
 	}
 }
 
@@ -492,10 +493,10 @@ func TestStoreRemove(t *testing.T) {
 
 func TestNameFile(t *testing.T) {
 	for name, want := range map[string]string{
-		"default":                       "default",
-		"python:3.12-slim":              "python%3A3.12-slim",
-		"127.0.0.1:5000/team/ds@sha256": "127.0.0.1%3A5000%2Fteam%2Fds%40sha256",
-		"r/Tag":                         "r%2F%54ag",
+		"default":          "default",
+		"python:3.12-slim": "python%3A3.12-slim",
+		"127.0.0.1:5000/team/ds@sha256:" + strings.Repeat("ab", 32): "127.0.0.1%3A5000%2Fteam%2Fds%40sha256%3A" + strings.Repeat("ab", 32),
+		"r/Tag": "r%2F%54ag",
 	} {
 		if got := nameFile(name); got != want {
 			t.Errorf("nameFile(%q) = %q, want %q", name, got, want)

@@ -50,6 +50,7 @@ func (s Store) BuildDefault(ctx context.Context, opts ImportOptions, log io.Writ
 		fmt.Fprintf(log, "reusing archive %s\n", archive)
 	}
 	opts.Key = key
+	opts.Replace = true // building the default image is asking to replace it
 	img, err = s.Import(DefaultName, archive, opts)
 	return img, true, err
 }

@@ -18,8 +18,10 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"golang.org/x/sys/unix"
 )
 
@@ -70,14 +72,20 @@ func (s Store) Path() string { return s.dir() }
 
 // Image is an image in the store.
 type Image struct {
-	// Key identifies the image's content: the build recipe's hash, or the
-	// archive's SHA-256.
+	// Key identifies the image's content: the build recipe's hash, the
+	// archive's SHA-256, or for an OCI or Docker image its origin and ID
+	// ("pull-…", "import-…"; "sha256-…" before layers were checked).
 	Key string `json:"key"`
 	// Names are the names that point to the image.
 	Names []string `json:"names,omitempty"`
 	// Root is the host path of the image's root directory.
 	Root string `json:"root"`
-	// Source is the archive the image came from, and its SHA-256.
+	// Origin is OriginPull or OriginImport for an OCI or Docker image;
+	// empty for a root file system archive and for images imported before
+	// it was recorded.
+	Origin string `json:"origin,omitempty"`
+	// Source is the archive the image came from, and its SHA-256; or the
+	// reference it was pulled by.
 	Source       string `json:"source"`
 	SourceSHA256 string `json:"source_sha256"`
 	// Created is when the image was imported.
@@ -87,6 +95,13 @@ type Image struct {
 	// ImageID is the digest of an OCI or Docker image's configuration;
 	// empty for a root file system archive.
 	ImageID string `json:"image_id,omitempty"`
+	// LayersVerified says that every layer was checked against the digest
+	// the configuration lists for it, so that ImageID names the content.
+	// Images imported before that check have an ID that proves nothing.
+	LayersVerified bool `json:"layers_verified,omitempty"`
+	// Digest is the image manifest's digest, checked, where the source has
+	// one: a registry, an OCI layout.
+	Digest string `json:"digest,omitempty"`
 	// Config is what an OCI or Docker image asks of the processes run in
 	// it; nil for a root file system archive.
 	Config *ImageConfig `json:"config,omitempty"`
@@ -94,6 +109,14 @@ type Image struct {
 	// that they are still there. Images imported before this field existed
 	// have none recorded.
 	Mountpoints *Mountpoints `json:"mountpoints,omitempty"`
+
+	// What an import just did, not stored: Reused says that the image was
+	// already in the store; NameChange says what became of the name
+	// ("created", "unchanged" or "replaced"), and PreviousKey the image
+	// it pointed to before it was replaced.
+	Reused      bool   `json:"reused,omitempty"`
+	NameChange  string `json:"name_change,omitempty"`
+	PreviousKey string `json:"previous_key,omitempty"`
 }
 
 // ImageConfig is the part of an image's configuration sandboxes honour.
@@ -117,13 +140,40 @@ var (
 // checkName reports whether name can name an image.
 func checkName(name string) error {
 	ok := validName.MatchString(name) && len(nameFile(name)) <= 250 // a file name's limit is 255
+	if _, digest, pinned := strings.Cut(name, "@"); pinned {
+		// Only a digest may follow "@": the name means that digest.
+		ok = ok && strings.HasPrefix(digest, "sha256:") && sha256Hex.MatchString(strings.TrimPrefix(digest, "sha256:"))
+	}
 	for _, part := range strings.Split(name, "/") {
 		ok = ok && part != "" && part != "." && part != ".."
 	}
 	if !ok {
-		return fmt.Errorf("invalid image name %q; use a name of lower-case letters, digits, '.', '_' and '-', or an image reference such as python:3.12-slim", name)
+		return fmt.Errorf("invalid image name %q; use a name of lower-case letters, digits, '.', '_' and '-', or an image reference such as python:3.12-slim or python@sha256:<64 hex digits>", name)
 	}
 	return nil
+}
+
+// checkPin checks that a digest-pinned name ("repo@sha256:…") is given
+// only to an image that digest names: one of digests, the manifest and
+// index digests checked on the way to it.
+func checkPin(name string, digests []v1.Hash) error {
+	_, pin, pinned := strings.Cut(name, "@")
+	if !pinned {
+		return nil
+	}
+	for _, d := range digests {
+		if d.String() == pin {
+			return nil
+		}
+	}
+	if len(digests) == 0 {
+		return fmt.Errorf("image name %q pins a digest, but this archive has no manifest digest to check it against (docker save keeps none, a root file system has none); name it without @sha256:…", name)
+	}
+	have := make([]string, len(digests))
+	for i, d := range digests {
+		have[i] = d.String()
+	}
+	return fmt.Errorf("image name %q pins digest %s, but this image is %s; a digest-pinned name can only name that digest, so nothing was changed", name, pin, strings.Join(have, " in "))
 }
 
 // nameFile is the file in names/ that holds name's key: the name itself,
@@ -167,6 +217,9 @@ type ImportOptions struct {
 	Mountpoints Mountpoints
 	// Limits bound the extraction; zero means DefaultExtractLimits.
 	Limits ExtractLimits
+	// Replace lets the import point a name that points to another
+	// complete image at this one; without it that is refused.
+	Replace bool
 	// Progress, if set, is called as the archive is read or the image's
 	// layers are downloaded, with bytes done and the total (0 when not
 	// known in advance).
@@ -183,6 +236,9 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 	if opts.Key != "" && !validKey.MatchString(opts.Key) {
 		return Image{}, fmt.Errorf("import: invalid key %q", opts.Key)
 	}
+	if err := checkPin(name, nil); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", archivePath, err)
+	}
 	unlock, err := s.lock()
 	if err != nil {
 		return Image{}, err
@@ -190,20 +246,23 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 	defer unlock()
 	s.removeStaging()
 
-	img, err := s.image(opts.Key)
-	if opts.Key == "" || err != nil {
-		if img, err = s.extract(archivePath, opts); err != nil {
+	if opts.Key != "" {
+		if _, err := s.checkRename(name, opts.Key, opts.Replace); err != nil {
 			return Image{}, err
 		}
 	}
-	if err := s.setName(name, img.Key); err != nil {
-		return Image{}, err
+	img, err := s.image(opts.Key)
+	if opts.Key == "" || err != nil {
+		if img, err = s.extract(name, archivePath, opts); err != nil {
+			return Image{}, err
+		}
+	} else {
+		img.Reused = true
 	}
-	img.Names = []string{name}
-	return img, nil
+	return s.name(name, img, opts.Replace)
 }
 
-func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
+func (s Store) extract(name, archivePath string, opts ImportOptions) (Image, error) {
 	f, err := os.Open(archivePath)
 	if err != nil {
 		return Image{}, fmt.Errorf("import: %w", err)
@@ -240,8 +299,13 @@ func (s Store) extract(archivePath string, opts ImportOptions) (Image, error) {
 	key := opts.Key
 	if key == "" {
 		key = "sha256-" + sum[:32]
+		// Only now is the key known: a refused name leaves nothing.
+		if _, err := s.checkRename(name, key, opts.Replace); err != nil {
+			return Image{}, err
+		}
 		// The same archive imported before: keep that copy.
 		if img, err := s.image(key); err == nil {
+			img.Reused = true
 			return img, nil
 		}
 	}
@@ -337,6 +401,12 @@ func (s Store) removeStaging() {
 	}
 }
 
+// makeMountpoints creates mp in the image at root without following any
+// link: whatever the image has at a mountpoint or on the way to one that
+// is not a directory (or, for a file, the path itself) is removed first.
+// The sandbox mounts over these paths, so nothing of the image there is
+// ever seen; a link would instead send the mount, and the chmod here, to
+// a file of the image's choosing — a hard link too, for files.
 func makeMountpoints(root string, mp Mountpoints) error {
 	r, err := os.OpenRoot(root)
 	if err != nil {
@@ -344,16 +414,25 @@ func makeMountpoints(root string, mp Mountpoints) error {
 	}
 	defer r.Close()
 	for _, d := range mp.Dirs {
-		if err := mkdirAll(r, filepath.Clean("./"+d)); err != nil {
+		if err := mkdirNoFollow(r, filepath.Clean("./"+d)); err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", d, err)
 		}
 	}
 	for _, name := range mp.Files {
 		rel := filepath.Clean("./" + name)
-		if err := mkdirAll(r, filepath.Dir(rel)); err != nil {
+		if err := mkdirNoFollow(r, filepath.Dir(rel)); err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", name, err)
 		}
-		f, err := r.OpenFile(rel, os.O_WRONLY|os.O_CREATE, 0o644)
+		// An existing file of its own is kept (the mount hides it); a
+		// link, hard or symbolic, or anything else is replaced.
+		flags := os.O_WRONLY | unix.O_NOFOLLOW
+		if !ownFile(r, rel) {
+			if err := r.RemoveAll(rel); err != nil {
+				return fmt.Errorf("create mountpoint %s: %w", name, err)
+			}
+			flags |= os.O_CREATE | os.O_EXCL
+		}
+		f, err := r.OpenFile(rel, flags, 0o644)
 		if err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", name, err)
 		}
@@ -364,6 +443,57 @@ func makeMountpoints(root string, mp Mountpoints) error {
 		if err != nil {
 			return fmt.Errorf("create mountpoint %s: %w", name, err)
 		}
+	}
+	return nil
+}
+
+// ownFile says whether rel is a regular file, not a link, with no other
+// name (a hard link would carry the chmod to its other names).
+func ownFile(r *os.Root, rel string) bool {
+	fi, err := r.Lstat(rel)
+	if err != nil || !fi.Mode().IsRegular() {
+		return false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return ok && st.Nlink == 1
+}
+
+// mkdirNoFollow makes dir and its parents in r as real directories: a
+// component that is anything else, a link included, is replaced.
+func mkdirNoFollow(r *os.Root, dir string) error {
+	if dir == "." {
+		return nil
+	}
+	if err := mkdirNoFollow(r, filepath.Dir(dir)); err != nil {
+		return err
+	}
+	fi, err := r.Lstat(dir)
+	if err == nil && fi.IsDir() {
+		return nil
+	}
+	if err == nil {
+		if err := r.RemoveAll(dir); err != nil {
+			return err
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	if err := r.Mkdir(dir, 0o755); err != nil {
+		return err
+	}
+	return r.Chmod(dir, 0o755) // just made: a directory, whatever the umask
+}
+
+// makeWorkingDir creates an image's working directory, as the image's
+// WORKDIR would be: through its links, which os.Root keeps inside root.
+func makeWorkingDir(root, dir string) error {
+	r, err := os.OpenRoot(root)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	if err := mkdirAll(r, filepath.Clean("./"+dir)); err != nil {
+		return fmt.Errorf("create the working directory %s: %w", dir, err)
 	}
 	return nil
 }
@@ -519,6 +649,52 @@ func (img Image) checkMountpoints() error {
 		}
 	}
 	return nil
+}
+
+// checkRename checks that name may point to key: it is new, already
+// points there, points to no complete image, or replace is set. It returns
+// the key name points to now, if any. The caller holds the store's lock.
+func (s Store) checkRename(name, key string, replace bool) (previous string, err error) {
+	data, err := os.ReadFile(filepath.Join(s.dir(), "names", nameFile(name)))
+	if errors.Is(err, fs.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("name image: %w", err)
+	}
+	previous = string(data)
+	if previous == key || replace {
+		return previous, nil
+	}
+	old, err := s.image(previous)
+	if err != nil {
+		return previous, nil // a name of nothing usable: repaired
+	}
+	return "", fmt.Errorf("image name %q already points to image %s (from %s); nothing was changed: add --replace to point it at this image, or choose another name with --name", name, previous, old.Source)
+}
+
+// name points name at img, as checkRename allows, and says in img what it
+// did.
+func (s Store) name(name string, img Image, replace bool) (Image, error) {
+	previous, err := s.checkRename(name, img.Key, replace)
+	if err != nil {
+		return Image{}, err
+	}
+	switch previous {
+	case "":
+		img.NameChange = "created"
+	case img.Key:
+		img.NameChange = "unchanged"
+		img.Names = []string{name}
+		return img, nil
+	default:
+		img.NameChange, img.PreviousKey = "replaced", previous
+	}
+	if err := s.setName(name, img.Key); err != nil {
+		return Image{}, err
+	}
+	img.Names = []string{name}
+	return img, nil
 }
 
 func (s Store) setName(name, key string) error {

@@ -254,8 +254,21 @@ func TestStoreRepointName(t *testing.T) {
 	if _, err := s.Import("default", writeArchive(t, regEntry("v", 0o644, "1")), ImportOptions{Key: "k1"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Import("default", writeArchive(t, regEntry("v", 0o644, "2")), ImportOptions{Key: "k2"}); err != nil {
-		t.Fatal(err)
+	// Without Replace, the name stays where it was.
+	second := writeArchive(t, regEntry("v", 0o644, "2"))
+	_, err := s.Import("default", second, ImportOptions{Key: "k2"})
+	if err == nil || !strings.Contains(err.Error(), "already points to image k1") || !strings.Contains(err.Error(), "--replace") {
+		t.Errorf("Import over an existing name = %v, want it refused, naming --replace", err)
+	}
+	if img, err := s.Lookup("default"); err != nil || img.Key != "k1" {
+		t.Errorf("after a refused import, Lookup(default) = key %q, %v; want k1", img.Key, err)
+	}
+	if names := dirNames(t, filepath.Join(s.Dir, "images")); !slices.Equal(names, []string{"k1"}) {
+		t.Errorf("a refused import left images %q", names)
+	}
+	got, err := s.Import("default", second, ImportOptions{Key: "k2", Replace: true})
+	if err != nil || got.NameChange != "replaced" || got.PreviousKey != "k1" {
+		t.Fatalf("Import with Replace = %+v, %v; want default replaced from k1", got, err)
 	}
 	img, err := s.Lookup("default")
 	if err != nil {
@@ -265,7 +278,7 @@ func TestStoreRepointName(t *testing.T) {
 		t.Errorf("Lookup(default) = key %q, want k2 with v = 2", img.Key)
 	}
 	// The old image stays, and a re-import of its key repoints the name.
-	if _, err := s.Import("default", "/nonexistent", ImportOptions{Key: "k1"}); err != nil {
+	if _, err := s.Import("default", "/nonexistent", ImportOptions{Key: "k1", Replace: true}); err != nil {
 		t.Fatalf("Import of a cached key: %v", err)
 	}
 	if img, err := s.Lookup("default"); err != nil || img.Key != "k1" {
@@ -287,7 +300,7 @@ func TestStoreList(t *testing.T) {
 		}
 	}
 	// d moves to k2, leaving k3 without a name.
-	if _, err := s.Import("d", "/nonexistent", ImportOptions{Key: "k2"}); err != nil {
+	if _, err := s.Import("d", "/nonexistent", ImportOptions{Key: "k2", Replace: true}); err != nil {
 		t.Fatal(err)
 	}
 	// An incomplete image is not listed.

@@ -21,8 +21,8 @@ import (
 const imageUsage = `Usage: safe-run image COMMAND [flags]
 
 Commands:
-  pull [--name NAME] REF              download an image from a registry (credentials from ~/.docker/config.json)
-  import [--name NAME] [--key KEY] FILE
+  pull [--name NAME] [--replace] REF  download an image from a registry (credentials from ~/.docker/config.json)
+  import [--name NAME] [--key KEY] [--replace] FILE
                                       import a docker save archive, an OCI layout (archive or directory),
                                       or a root file system tar (.tar or .tar.gz)
   build default                       build the default image with its recipe (debootstrap as root, mmdebstrap otherwise)
@@ -32,8 +32,12 @@ Commands:
   check [--name NAME] [--key KEY]     exit 0 if NAME is in the cache, complete (and has KEY)
 
 An image is named by REF when pulled, by its archive's tag when imported (or
-"default" for a root file system tar), unless --name says otherwise. Images
-are flattened into read-only root directories; runs pick one with --image.
+"default" for a root file system tar), unless --name says otherwise. A name
+that already points to another image is left alone unless --replace is given
+(a pull re-points REF itself); a name pinned to a digest (REF@sha256:...) can
+only name an image of that digest. Every layer is checked against the digest
+its image's configuration lists. Images are flattened into read-only root
+directories; runs pick one with --image.
 
 Flags (all commands): --cache-dir DIR, --json, --max-size SIZE (all files of an
 image, default 8GiB), --max-file-size SIZE (one file, default 2GiB).
@@ -53,6 +57,7 @@ func cmdImage(args []string) int {
 	name := fs.String("name", "", "image name")
 	key := fs.String("key", "", "content key of a root file system archive (import: default the archive's SHA-256)")
 	asJSON := fs.Bool("json", false, "print JSON")
+	replace := fs.Bool("replace", false, "pull, import: point an existing name at the new image")
 	limits := rootfs.DefaultExtractLimits
 	fs.Var(sizeFlag{&limits.MaxBytes}, "max-size", "most bytes of files in one image")
 	fs.Var(sizeFlag{&limits.MaxFileBytes}, "max-file-size", "largest file in an image")
@@ -69,7 +74,7 @@ func cmdImage(args []string) int {
 		rest = fs.Args()[1:]
 	}
 	store := rootfs.Store{Dir: *cacheDir}
-	opts := rootfs.ImportOptions{Key: *key, Mountpoints: imageMountpoints(), Limits: limits}
+	opts := rootfs.ImportOptions{Key: *key, Mountpoints: imageMountpoints(), Limits: limits, Replace: *replace}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	switch args[0] {
@@ -129,10 +134,10 @@ func cmdImage(args []string) int {
 			return printJSON(map[string]any{"cache_dir": store.Path(), "images": imgs})
 		}
 		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMES\tKEY\tSIZE\tCREATED\tSOURCE")
+		fmt.Fprintln(tw, "NAMES\tKEY\tID\tSIZE\tCREATED\tSOURCE")
 		for _, img := range imgs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", strings.Join(img.Names, ","), img.Key, sandbox.FormatBytes(img.Stats.Bytes),
-				img.Created.Format(time.DateTime), img.Source)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(img.Names, ","), img.Key, shownID(img), sandbox.FormatBytes(img.Stats.Bytes),
+				img.Created.Format(time.DateTime), shownSource(img))
 		}
 		tw.Flush()
 		return 0
@@ -173,14 +178,52 @@ func cmdImage(args []string) int {
 	return fail(usageError("unknown image command %q; see `safe-run image -h`", args[0]))
 }
 
-// imageDone reports an image just pulled, imported or built.
+// imageDone reports an image just pulled, imported or built, and what
+// became of its name.
 func imageDone(img rootfs.Image, name string, took time.Duration, asJSON bool) int {
 	if asJSON {
 		return printJSON(img)
 	}
-	fmt.Fprintf(os.Stderr, "image %q is %s: %s in %d entries, in %.1fs (%d device nodes skipped, %d setuid/setgid bits stripped, %d paths removed by whiteouts)\n",
-		name, img.Key, sandbox.FormatBytes(img.Stats.Bytes), img.Stats.Entries, took.Seconds(), img.Stats.Skipped, img.Stats.Stripped, img.Stats.Whiteouts)
+	var change string
+	switch img.NameChange {
+	case "created":
+		change = "new name"
+	case "unchanged":
+		change = "the name already pointed to it"
+	case "replaced":
+		change = "name replaced: it pointed to " + img.PreviousKey + " before"
+	}
+	if img.Reused {
+		fmt.Fprintf(os.Stderr, "image %q is %s, already in the cache (%s)\n", name, img.Key, change)
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "image %q is %s (%s): %s in %d entries, in %.1fs (%d device nodes skipped, %d setuid/setgid bits stripped, %d paths removed by whiteouts)\n",
+		name, img.Key, change, sandbox.FormatBytes(img.Stats.Bytes), img.Stats.Entries, took.Seconds(), img.Stats.Skipped, img.Stats.Stripped, img.Stats.Whiteouts)
 	return 0
+}
+
+// shownID is the image ID `image ls` shows: "-" for a root file system,
+// and a warning for an ID whose layers were never checked against it.
+func shownID(img rootfs.Image) string {
+	id := img.ImageID
+	if len(id) > 19 {
+		id = id[:19] // sha256: and 12 hex digits, as docker shows
+	}
+	switch {
+	case id == "":
+		return "-"
+	case !img.LayersVerified:
+		return "unverified " + id + " (re-import)"
+	}
+	return id
+}
+
+// shownSource is where `image ls` says an image came from.
+func shownSource(img rootfs.Image) string {
+	if img.Origin != "" {
+		return img.Origin + " " + img.Source
+	}
+	return img.Source
 }
 
 func printJSON(v any) int {
