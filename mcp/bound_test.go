@@ -45,6 +45,18 @@ func TestCheckSessionID(t *testing.T) {
 	}
 }
 
+// openAuditLog opens a fresh audit log file; the test closes it.
+func openAuditLog(t *testing.T) (string, *audit.Log) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "audit.log")
+	log, err := audit.Open(audit.Options{Path: path, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { log.Close() })
+	return path, log
+}
+
 // countingSessions counts the calls that reach the sessions.
 type countingSessions struct {
 	fakeSessions
@@ -80,17 +92,12 @@ func (s *countingSessions) ListFiles(ctx context.Context, id, dir string) ([]san
 // error, before any lookup: it reaches neither the sessions nor the audit
 // log, which stays one that the next start-up opens.
 func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.log")
-	log, err := audit.Open(audit.Options{Path: path, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
+	path, log := openAuditLog(t)
 	sessions := &countingSessions{}
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 2}
 	c := newClient(t, Config{Sessions: sessions, Environment: env, Audit: log})
-	huge := "session-" + strings.Repeat("a", 9<<20)
+	huge := "session-" + strings.Repeat("a", 2<<20) // the threat case sends 9 MiB
 	for _, call := range []struct {
 		tool string
 		args map[string]any
@@ -112,7 +119,7 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 		t.Errorf("%d calls reached the sessions; want none", n)
 	}
 	// A lookup of a well-formed but unknown id is recorded, small.
-	callTool(t, c, "read_file", map[string]any{"session_id": "session-00000000000000000000000000000000", "path": strings.Repeat("p", 9<<20)})
+	callTool(t, c, "read_file", map[string]any{"session_id": "session-00000000000000000000000000000000", "path": strings.Repeat("p", 2<<20)})
 	log.Close()
 	if fi, err := os.Stat(path); err != nil || fi.Size() > 16<<10 {
 		t.Fatalf("audit log: %v, %d bytes; want one small record", err, fi.Size())
@@ -130,12 +137,7 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 // A client name and version far over their caps are cut in every record:
 // many calls write a small log. (The threat case sends 4 MB over HTTP.)
 func TestHugeClientInfoIsBounded(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.log")
-	log, err := audit.Open(audit.Options{Path: path, Logger: quietLogger()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer log.Close()
+	path, log := openAuditLog(t)
 	cfg := Config{Runner: &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}, Environment: testEnv(),
 		Logger: quietLogger(), Audit: log}
 	c, err := client.NewInProcessClient(NewServer(cfg))
