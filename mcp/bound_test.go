@@ -97,7 +97,7 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 2}
 	c := newClient(t, Config{Sessions: sessions, Environment: env, Audit: log})
-	huge := "session-" + strings.Repeat("a", 2<<20) // the threat case sends 9 MiB
+	huge := "session-" + strings.Repeat("a", 1<<20) // the threat case sends 9 MiB
 	for _, call := range []struct {
 		tool string
 		args map[string]any
@@ -119,7 +119,7 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 		t.Errorf("%d calls reached the sessions; want none", n)
 	}
 	// A lookup of a well-formed but unknown id is recorded, small.
-	callTool(t, c, "read_file", map[string]any{"session_id": "session-00000000000000000000000000000000", "path": strings.Repeat("p", 2<<20)})
+	callTool(t, c, "read_file", map[string]any{"session_id": "session-00000000000000000000000000000000", "path": strings.Repeat("p", 1<<20)})
 	log.Close()
 	if fi, err := os.Stat(path); err != nil || fi.Size() > 16<<10 {
 		t.Fatalf("audit log: %v, %d bytes; want one small record", err, fi.Size())
@@ -150,7 +150,7 @@ func TestHugeClientInfoIsBounded(t *testing.T) {
 	}
 	init := mcpgo.InitializeRequest{}
 	init.Params.ProtocolVersion = mcpgo.LATEST_PROTOCOL_VERSION
-	init.Params.ClientInfo = mcpgo.Implementation{Name: "evil\x1b[2J" + strings.Repeat("n", 256<<10), Version: strings.Repeat("v", 256<<10)}
+	init.Params.ClientInfo = mcpgo.Implementation{Name: "evil\x1b[2J" + strings.Repeat("n", 64<<10), Version: strings.Repeat("v", 64<<10)}
 	if _, err := c.Initialize(t.Context(), init); err != nil {
 		t.Fatal(err)
 	}
