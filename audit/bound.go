@@ -34,8 +34,8 @@ const (
 
 // MaxLine bounds a line of the log. Start-up and Verify refuse a longer
 // one (checkLine); Append never writes one: with every field at its cap
-// and every byte of code escaped by JSON (6 bytes for 1), a record stays
-// under 6.2 MiB.
+// a record without code stays under 10 KiB, and with every byte of code
+// escaped by JSON (6 bytes for 1) under 6.1 MiB.
 const MaxLine = 8 << 20
 
 // cutMark ends a field that was cut to its cap, giving its whole size.

@@ -253,20 +253,30 @@ func TestRetention(t *testing.T) {
 	}
 }
 
-// Every line Append writes, of any record, start-up and Verify accept.
+// Every line Append writes, of any record, start-up and Verify accept; a
+// record without code stays under 10 KiB whatever its fields hold.
 func TestAppendedLinesPassCheckLine(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "audit.log")
-	l := openLog(t, Options{Path: path, IncludeCode: true})
-	worst := Record{Event: strings.Repeat("<", 1<<20), Code: strings.Repeat("\xff", 2*MaxCodeBytes)}
-	for _, s := range []*string{&worst.RequestID, &worst.SessionID, &worst.ClientName, &worst.ClientVersion,
-		&worst.Language, &worst.Image, &worst.Path, &worst.Status, &worst.Message} {
-		*s = strings.Repeat("<", 1<<20) // JSON writes each as 6 bytes
-	}
-	if err := l.Append(worst); err != nil {
-		t.Fatal(err)
-	}
-	line := bytes.TrimSuffix(readLines(t, path)[0], []byte("\n"))
-	if _, err := checkLine(line); err != nil || len(line) > 6500<<10 {
-		t.Errorf("the largest record: %d bytes, %v", len(line), err)
+	for _, ch := range []string{"<", `"`, `\`, "\x01", "\xff", "\u202e"} {
+		path := filepath.Join(t.TempDir(), "audit.log")
+		l := openLog(t, Options{Path: path, IncludeCode: true})
+		var worst Record
+		for _, s := range []*string{&worst.Event, &worst.RequestID, &worst.SessionID, &worst.ClientName, &worst.ClientVersion,
+			&worst.Language, &worst.Image, &worst.Path, &worst.Status, &worst.Message} {
+			*s = strings.Repeat(ch, 1<<20)
+		}
+		if err := l.Append(worst); err != nil {
+			t.Fatal(err)
+		}
+		worst.Code = strings.Repeat(ch, 2*MaxCodeBytes)
+		if err := l.Append(worst); err != nil {
+			t.Fatal(err)
+		}
+		lines := readLines(t, path)
+		for i, limit := range []int{10 << 10, MaxLine} {
+			line := bytes.TrimSuffix(lines[i], []byte("\n"))
+			if _, err := checkLine(line); err != nil || len(line) > limit {
+				t.Errorf("fields of %q, code %v: %d bytes, %v; want at most %d", ch, i == 1, len(line), err, limit)
+			}
+		}
 	}
 }

@@ -173,14 +173,26 @@ func (l *Log) Append(rec Record) error {
 // lineSize is the length of rec's line as the next of the chain.
 func (l *Log) lineSize(rec Record) int {
 	rec.Seq, rec.Prev = l.seq+1, l.head
-	line, _ := json.Marshal(rec)
+	line, _ := encodeRecord(rec)
 	return len(line)
+}
+
+// encodeRecord is rec's line, without its newline. <, > and & are kept as
+// they are: JSON's HTML escapes would make each 6 bytes.
+func encodeRecord(rec Record) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(rec); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }
 
 // write appends rec as the next line of the chain, holding the lock.
 func (l *Log) write(rec Record) error {
 	rec.Seq, rec.Prev = l.seq+1, l.head
-	line, err := json.Marshal(rec)
+	line, err := encodeRecord(rec)
 	if err != nil {
 		return err
 	}
