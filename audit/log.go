@@ -337,11 +337,12 @@ func (l *Log) prune(now time.Time) (Record, bool) {
 	first, err := firstRecord(oldest)
 	if err != nil {
 		// Verify will refuse the start of the chain, as it must.
-		rec.Status, rec.Message = "error", fmt.Sprintf("deleted %s (--audit-max-files %d) but cannot read the first record of %s: %v", strings.Join(removed, ", "), l.opts.MaxFiles, oldest, err)
+		rec.Status, rec.Message = "error", fmt.Sprintf("deleted %s, keeping %d rotated files, but cannot read the first record of %s: %v", strings.Join(removed, ", "), l.opts.MaxFiles, filepath.Base(oldest), err)
 	} else {
 		rec.FirstSeq, rec.FirstPrev = first.Seq, first.Prev
-		rec.Message = fmt.Sprintf("deleted %s (--audit-max-files %d); the chain now starts at record %d in %s", strings.Join(removed, ", "), l.opts.MaxFiles, first.Seq, filepath.Base(oldest))
+		rec.Message = fmt.Sprintf("deleted %s, keeping %d rotated files; the chain now starts at record %d in %s", strings.Join(removed, ", "), l.opts.MaxFiles, first.Seq, filepath.Base(oldest))
 	}
+	rec = Bounded(rec)
 	l.log.Info("audit log pruned", "deleted", removed, "first_seq", rec.FirstSeq)
 	return rec, true
 }
