@@ -26,6 +26,9 @@ const (
 	// says why (closed, idle timeout, maximum lifetime, server shutting
 	// down).
 	EventSessionEnd = "session_end"
+	// EventPruned says that rotated files were deleted (Options.MaxFiles)
+	// and that the chain now starts at record FirstSeq.
+	EventPruned = "audit_pruned"
 )
 
 // Record is one line of the audit log. Seq and Prev are set by Log.Append;
@@ -69,6 +72,11 @@ type Record struct {
 	// Cached says the call got an earlier identical run's result from the
 	// result cache: nothing ran for it.
 	Cached bool `json:"cached,omitempty"`
+	// FirstSeq and FirstPrev, in an EventPruned record, are the number and
+	// prev of the oldest record kept: Verify accepts a chain that starts
+	// there only if the last such record says so.
+	FirstSeq  uint64 `json:"first_seq,omitempty"`
+	FirstPrev string `json:"first_prev,omitempty"`
 }
 
 // Limits are the limits a run had, in the units of the CLI and the tools.

@@ -28,6 +28,10 @@ type Options struct {
 	// MaxBytes rotates the file before a line would take it past this
 	// size; 0 never rotates.
 	MaxBytes int64
+	// MaxFiles is how many rotated files are kept: after a rotation the
+	// oldest beyond it are deleted, and an EventPruned record says where
+	// the chain now starts. 0 keeps them all.
+	MaxFiles int
 	// IncludeCode keeps each run's code in its record; by default only its
 	// SHA-256 is kept.
 	IncludeCode bool
@@ -124,7 +128,8 @@ func (l *Log) Err() error {
 
 // Append writes rec as the next line of the chain and syncs it to disk. It
 // sets rec's Seq, Prev and CodeSHA256 (from Code, which it keeps only with
-// IncludeCode) and its Time if zero.
+// IncludeCode) and its Time if zero, and cuts its fields to their caps
+// (Bounded).
 func (l *Log) Append(rec Record) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -141,37 +146,70 @@ func (l *Log) Append(rec Record) error {
 	if !l.opts.IncludeCode {
 		rec.Code = ""
 	}
+	rec = Bounded(rec)
 	err := l.locked(func() error {
 		if err := l.catchUp(); err != nil {
 			return err
 		}
-		rec.Seq, rec.Prev = l.seq+1, l.head
-		line, err := json.Marshal(rec)
-		if err != nil {
-			return err
-		}
-		if l.opts.MaxBytes > 0 && l.size > 0 && l.size+int64(len(line))+1 > l.opts.MaxBytes {
+		if l.opts.MaxBytes > 0 && l.size > 0 && l.size+int64(l.lineSize(rec))+1 > l.opts.MaxBytes {
 			if err := l.rotate(); err != nil {
 				return fmt.Errorf("rotate: %w", err)
 			}
+			if pruned, ok := l.prune(rec.Time); ok {
+				if err := l.write(pruned); err != nil {
+					return err
+				}
+			}
 		}
-		// One write of the whole line: appends of other processes never
-		// interleave with it, and a short write is an error.
-		n, err := l.file.Write(append(line, '\n'))
-		l.size += int64(n)
-		if err != nil {
-			return err
-		}
-		if err := l.file.Sync(); err != nil {
-			return err
-		}
-		l.seq, l.head = rec.Seq, hashLine(line)
-		return nil
+		return l.write(rec)
 	})
 	if err != nil {
 		l.err = fmt.Errorf("write audit log %s: %w", l.opts.Path, err)
 		return l.err
 	}
+	return nil
+}
+
+// lineSize is the length of rec's line as the next of the chain.
+func (l *Log) lineSize(rec Record) int {
+	rec.Seq, rec.Prev = l.seq+1, l.head
+	line, _ := encodeRecord(rec)
+	return len(line)
+}
+
+// encodeRecord is rec's line, without its newline. <, > and & are kept as
+// they are: JSON's HTML escapes would make each 6 bytes.
+func encodeRecord(rec Record) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(rec); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// write appends rec as the next line of the chain, holding the lock.
+func (l *Log) write(rec Record) error {
+	rec.Seq, rec.Prev = l.seq+1, l.head
+	line, err := encodeRecord(rec)
+	if err != nil {
+		return err
+	}
+	if len(line) > MaxLine { // Bounded makes this impossible; a log must never hold one
+		return fmt.Errorf("record %d has %d bytes, over the %d-byte limit", rec.Seq, len(line), MaxLine)
+	}
+	// One write of the whole line: appends of other processes never
+	// interleave with it, and a short write is an error.
+	n, err := l.file.Write(append(line, '\n'))
+	l.size += int64(n)
+	if err != nil {
+		return err
+	}
+	if err := l.file.Sync(); err != nil {
+		return err
+	}
+	l.seq, l.head = rec.Seq, hashLine(line)
 	return nil
 }
 
@@ -271,6 +309,70 @@ func (l *Log) rotate() error {
 	return nil
 }
 
+// prune deletes the oldest rotated files beyond MaxFiles, oldest first,
+// and returns the EventPruned record that says so and where the chain now
+// starts. It returns false if it deleted nothing. A file it cannot delete
+// stops it: the files kept must stay one unbroken chain.
+func (l *Log) prune(now time.Time) (Record, bool) {
+	if l.opts.MaxFiles <= 0 {
+		return Record{}, false
+	}
+	rotated, err := Rotated(l.opts.Path)
+	if err != nil || len(rotated) <= l.opts.MaxFiles {
+		return Record{}, false
+	}
+	var removed []string
+	for _, name := range rotated[:len(rotated)-l.opts.MaxFiles] {
+		if err := os.Remove(name); err != nil {
+			l.log.Error("audit log: cannot delete an old rotated file; keeping it and the newer ones", "file", name, "err", err)
+			break
+		}
+		removed = append(removed, filepath.Base(name))
+	}
+	if len(removed) == 0 {
+		return Record{}, false
+	}
+	oldest := rotated[len(removed)]
+	rec := Record{Time: now, Event: EventPruned, Status: "ok"}
+	first, err := firstRecord(oldest)
+	if err != nil {
+		// Verify will refuse the start of the chain, as it must.
+		rec.Status, rec.Message = "error", fmt.Sprintf("deleted %s, keeping %d rotated files, but cannot read the first record of %s: %v", strings.Join(removed, ", "), l.opts.MaxFiles, filepath.Base(oldest), err)
+	} else {
+		rec.FirstSeq, rec.FirstPrev = first.Seq, first.Prev
+		rec.Message = fmt.Sprintf("deleted %s, keeping %d rotated files; the chain now starts at record %d in %s", strings.Join(removed, ", "), l.opts.MaxFiles, first.Seq, filepath.Base(oldest))
+	}
+	rec = Bounded(rec)
+	l.log.Info("audit log pruned", "deleted", removed, "first_seq", rec.FirstSeq)
+	return rec, true
+}
+
+// firstRecord reads the first line of the file at path.
+func firstRecord(path string) (Record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Record{}, err
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	var line []byte
+	for {
+		n, err := f.Read(buf)
+		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+			line = append(line, buf[:i]...)
+			break
+		}
+		line = append(line, buf[:n]...)
+		if len(line) > MaxLine {
+			return checkLine(line)
+		}
+		if err != nil {
+			return Record{}, fmt.Errorf("%s has no complete first line", path)
+		}
+	}
+	return checkLine(line)
+}
+
 // Rotated lists the rotated files of the log at path, oldest first.
 func Rotated(path string) ([]string, error) {
 	matches, err := filepath.Glob(globEscape(path) + ".*")
@@ -311,12 +413,8 @@ func globEscape(s string) string {
 	return b.String()
 }
 
-// maxLine bounds a line read back from the log: a record with the largest
-// code the policy admits, every byte escaped.
-const maxLine = 8 << 20
-
 // lastRecord reads the last line of the file at path and returns its
-// record's number and the line's hash.
+// record's number and the line's hash. It applies checkLine, as Verify does.
 func lastRecord(path string) (seq uint64, hash string, err error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -329,9 +427,9 @@ func lastRecord(path string) (seq uint64, hash string, err error) {
 	}
 	size := fi.Size()
 	if size == 0 {
-		return 0, "", fmt.Errorf("%s is empty", path)
+		return 0, "", fmt.Errorf("%s is empty; a rotated file never is: check the log with `safe-run audit verify`", path)
 	}
-	n := min(size, maxLine+1)
+	n := min(size, MaxLine+2) // the longest line allowed, its newline and the newline before it
 	buf := make([]byte, n)
 	if _, err := f.ReadAt(buf, size-n); err != nil && !errors.Is(err, io.EOF) {
 		return 0, "", err
@@ -342,12 +440,12 @@ func lastRecord(path string) (seq uint64, hash string, err error) {
 	line := buf[:len(buf)-1]
 	i := bytes.LastIndexByte(line, '\n')
 	if i < 0 && n < size {
-		return 0, "", fmt.Errorf("%s: the last line is longer than %d bytes", path, maxLine)
+		return 0, "", fmt.Errorf("%s: the last line is longer than %d bytes, the limit of a record; check it with `safe-run audit verify` and move the damaged file aside", path, MaxLine)
 	}
 	line = line[i+1:]
-	var rec Record
-	if err := json.Unmarshal(line, &rec); err != nil || rec.Seq == 0 {
-		return 0, "", fmt.Errorf("%s: the last line is not an audit record; check it with `safe-run audit verify`", path)
+	rec, err := checkLine(line)
+	if err != nil {
+		return 0, "", fmt.Errorf("%s: the last line is %v; check it with `safe-run audit verify` and move the damaged file aside", path, err)
 	}
 	return rec.Seq, hashLine(line), nil
 }

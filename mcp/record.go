@@ -98,11 +98,14 @@ func (r *recorder) keep(ctx context.Context, req mcpgo.CallToolRequest, rec audi
 		return nil
 	}
 	r.failed.CompareAndSwap(nil, &err)
-	// The record goes to the server's log instead, so that it is not lost.
+	// The record goes to the server's log instead, so that it is not lost;
+	// as small as it would have been in the audit log.
+	code := audit.HashCode(rec.Code)
+	rec = audit.Bounded(rec)
 	r.log.Error("audit log write failed: refusing all further code until restart",
 		"err", err, "event", rec.Event, "request_id", rec.RequestID, "session", rec.SessionID,
 		"client", rec.ClientName, "client_version", rec.ClientVersion, "language", rec.Language,
-		"code_sha256", audit.HashCode(rec.Code), "status", rec.Status, "duration_ms", rec.DurationMS)
+		"code_sha256", code, "status", rec.Status, "duration_ms", rec.DurationMS)
 	return mcpgo.NewToolResultError(fmt.Sprintf("the call ran but its audit record could not be written (%v), so its result is withheld; this server runs no more code until its audit log is fixed and it is restarted", err))
 }
 

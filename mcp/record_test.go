@@ -42,15 +42,18 @@ func (a *memAuditor) Records() []audit.Record {
 	return append([]audit.Record(nil), a.records...)
 }
 
-// fakeSessions is a sandbox.Sessions that knows one session, "s1".
+// fakeID is the one session fakeSessions knows.
+const fakeID = "session-0123456789abcdef"
+
+// fakeSessions is a sandbox.Sessions that knows one session, fakeID.
 type fakeSessions struct{}
 
 func (fakeSessions) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
-	return sandbox.SessionInfo{ID: "s1", Language: spec.Language}, nil
+	return sandbox.SessionInfo{ID: fakeID, Language: spec.Language}, nil
 }
 
 func (fakeSessions) RunInSession(ctx context.Context, id string, job sandbox.Job) (sandbox.Result, error) {
-	if id != "s1" {
+	if id != fakeID {
 		return sandbox.Result{}, sandbox.ErrNoSession
 	}
 	return sandbox.Result{Status: sandbox.StatusOK, Stdout: "42\n", StdoutBytes: 3}, nil
@@ -94,9 +97,9 @@ func TestAuditRecordsRunsAndSessionEvents(t *testing.T) {
 
 	callRunCode(t, c, map[string]any{"language": "python", "code": "exit(3)", "timeout_seconds": 5})
 	callTool(t, c, "create_session", map[string]any{"language": "python"})
-	callTool(t, c, "run_code", map[string]any{"language": "python", "session_id": "s1", "code": "6*7"})
-	callTool(t, c, "write_file", map[string]any{"session_id": "s1", "path": "a.txt", "content": "x"})
-	callTool(t, c, "read_file", map[string]any{"session_id": "s1", "path": "a.txt"})
+	callTool(t, c, "run_code", map[string]any{"language": "python", "session_id": fakeID, "code": "6*7"})
+	callTool(t, c, "write_file", map[string]any{"session_id": fakeID, "path": "a.txt", "content": "x"})
+	callTool(t, c, "read_file", map[string]any{"session_id": fakeID, "path": "a.txt"})
 	callTool(t, c, "list_sessions", map[string]any{})
 	callTool(t, c, "run_code", map[string]any{"language": "python", "code": ""}) // invalid: never runs, not recorded
 
@@ -118,10 +121,10 @@ func TestAuditRecordsRunsAndSessionEvents(t *testing.T) {
 		run.Limits.MemoryBytes != sandbox.DefaultLimits.MemoryBytes || run.SessionID != "" {
 		t.Errorf("run record %+v (limits %+v)", run, run.Limits)
 	}
-	if recs[1].SessionID != "s1" || recs[1].Language != "python" {
+	if recs[1].SessionID != fakeID || recs[1].Language != "python" {
 		t.Errorf("create_session record %+v", recs[1])
 	}
-	if recs[2].SessionID != "s1" || recs[2].OutputBytes != 3 {
+	if recs[2].SessionID != fakeID || recs[2].OutputBytes != 3 {
 		t.Errorf("session run record %+v", recs[2])
 	}
 	if recs[3].Path != "a.txt" || recs[4].Message == "" {
@@ -172,7 +175,7 @@ func TestAuditFailureFailsClosed(t *testing.T) {
 	}{
 		{"run_code", map[string]any{"language": "python", "code": "print(2)"}},
 		{"create_session", map[string]any{"language": "python"}},
-		{"write_file", map[string]any{"session_id": "s1", "path": "a", "content": "x"}},
+		{"write_file", map[string]any{"session_id": fakeID, "path": "a", "content": "x"}},
 	} {
 		res := callTool(t, c, call.tool, call.args)
 		if !res.IsError || !strings.Contains(firstText(t, res), "runs no code") {

@@ -113,6 +113,9 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 		handle := t.handle
 		s.AddTool(tool, func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 			args, err := objectArgs(req.Params.Arguments, t.input)
+			if err == nil {
+				err = checkSessionIDArg(args)
+			}
 			if err != nil {
 				return mcpgo.NewToolResultError(argErrorText(err)), nil
 			}

@@ -232,6 +232,11 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	if args.SessionID != "" && args.Image != "" {
 		return sandbox.Job{}, "", argError("image", "argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
 	}
+	if args.SessionID != "" {
+		if err := checkSessionID(args.SessionID); err != nil {
+			return sandbox.Job{}, "", err
+		}
+	}
 	if t := args.TimeoutSeconds; t != nil {
 		d, err := h.timeout(*t)
 		if err != nil {
@@ -258,9 +263,9 @@ func argError(field, format string, args ...any) error {
 func argErrorText(err error) string {
 	var in *sandbox.InputError
 	if errors.As(err, &in) {
-		return "Invalid arguments: " + in.Msg
+		return boundEcho("Invalid arguments: " + in.Msg)
 	}
-	return "Invalid arguments: " + err.Error()
+	return boundEcho("Invalid arguments: " + err.Error())
 }
 
 // timeout checks a timeout_seconds argument.
@@ -294,9 +299,9 @@ func inputErrorText(err error) string {
 		if n, ok := argumentNames[name]; ok {
 			name = n
 		}
-		return fmt.Sprintf("Invalid argument %q: %s", name, in.Msg)
+		return boundEcho(fmt.Sprintf("Invalid argument %q: %s", name, in.Msg))
 	}
-	return "Invalid arguments: " + err.Error()
+	return boundEcho("Invalid arguments: " + err.Error())
 }
 
 // result translates a run's result into the tool's result: structured

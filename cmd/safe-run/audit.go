@@ -16,7 +16,10 @@ const auditUsage = `Usage: safe-run audit verify FILE
 Checks the hash chain of the audit log FILE (written by serve or run with
 --audit-log) together with its rotated files FILE.1, FILE.2, … (oldest
 first): every line must be the next record and carry the SHA-256 of the line
-before it, and the first must be record 1. It prints the number of records
+before it, and the first must be record 1 (or, once --audit-max-files
+deleted the oldest files, the record the last "audit_pruned" record names).
+Every line must be a record of at most 8 MiB, the rule serve and run apply
+to the last line before they append to a log. It prints the number of records
 and the hash of the last line (the head), and exits 0; at the first line
 where the chain breaks — a line edited, dropped, reordered or cut, or a
 rotated file missing — it names that line and exits 1.
@@ -28,22 +31,25 @@ or "audit log rotated").
 
 // auditFlags configure the audit log of serve and run.
 type auditFlags struct {
-	path    string
-	maxSize int64
-	code    bool
+	path     string
+	maxSize  int64
+	maxFiles int
+	code     bool
 }
 
 // auditEnv names the environment variable of each audit flag.
 var auditEnv = map[string]string{
-	"audit-log":      "SAFE_RUN_AUDIT_LOG",
-	"audit-max-size": "SAFE_RUN_AUDIT_MAX_SIZE",
-	"audit-code":     "SAFE_RUN_AUDIT_CODE",
+	"audit-log":       "SAFE_RUN_AUDIT_LOG",
+	"audit-max-size":  "SAFE_RUN_AUDIT_MAX_SIZE",
+	"audit-max-files": "SAFE_RUN_AUDIT_MAX_FILES",
+	"audit-code":      "SAFE_RUN_AUDIT_CODE",
 }
 
 func (a *auditFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.path, "audit-log", "", "append a hash-chained JSON record of every run and session event to this `file`")
 	a.maxSize = 100 * sandbox.MiB
 	fs.Var(sizeFlag{&a.maxSize}, "audit-max-size", "rotate the audit log to FILE.1, FILE.2, … before it grows past this `size`")
+	fs.IntVar(&a.maxFiles, "audit-max-files", 10, "keep the newest `N` rotated audit log files, deleting older ones (0 keeps all)")
 	fs.BoolVar(&a.code, "audit-code", false, "keep each run's code in the audit log, not only its SHA-256")
 }
 
@@ -52,7 +58,10 @@ func (a *auditFlags) open(logger *slog.Logger) (*audit.Log, error) {
 	if a.path == "" {
 		return nil, nil
 	}
-	return audit.Open(audit.Options{Path: a.path, MaxBytes: a.maxSize, IncludeCode: a.code, Logger: logger})
+	if a.maxFiles < 0 {
+		return nil, usageError("--audit-max-files %d: give the number of rotated files to keep, or 0 to keep them all", a.maxFiles)
+	}
+	return audit.Open(audit.Options{Path: a.path, MaxBytes: a.maxSize, MaxFiles: a.maxFiles, IncludeCode: a.code, Logger: logger})
 }
 
 // closeAuditLog closes l, logging the chain's head so that a later verify
@@ -87,6 +96,6 @@ func cmdAudit(args []string) int {
 	case err != nil:
 		return fail(usageError("%v", err))
 	}
-	fmt.Printf("%s: ok: %d records in %d file(s), last record %d, head %s\n", path, sum.Records, len(sum.Files), sum.LastSeq, sum.Head)
+	fmt.Printf("%s: ok: %d records in %d file(s), first record %d, last record %d, head %s\n", path, sum.Records, len(sum.Files), sum.FirstSeq, sum.LastSeq, sum.Head)
 	return 0
 }

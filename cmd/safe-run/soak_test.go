@@ -62,8 +62,9 @@ func TestSoak(t *testing.T) {
 	const concurrency = 8
 	bin := binary(t)
 	stateDir := filepath.Join(t.TempDir(), "state")
+	auditLog := filepath.Join(t.TempDir(), "audit.log")
 	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn",
-		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB")
+		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB", "--audit-log", auditLog)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -220,6 +221,16 @@ func TestSoak(t *testing.T) {
 		t.Error("the server did not stop within 60s of SIGINT")
 	}
 	assertNoLeftovers(t, testCgroupParents(t), seen, stateDir)
+
+	// The audit log of every run verifies, and a restart appends to it.
+	if r := safeRun(t, "", "run", "--audit-log", auditLog, "--lang", "bash", "-c", "echo restarted"); r.code != 0 {
+		t.Errorf("safe-run run on the soak's audit log: exit %d, stderr %q", r.code, r.stderr)
+	}
+	if r := safeRun(t, "", "audit", "verify", auditLog); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("ok: %d records", runs+1)) {
+		t.Errorf("audit verify of the soak's log: exit %d, stdout %q, stderr %q; want %d records", r.code, r.stdout, r.stderr, runs+1)
+	} else {
+		t.Logf("soak summary: %s", strings.TrimSpace(r.stdout))
+	}
 }
 
 // soakCall makes one run and says how it ended and what was wrong with it.
