@@ -30,20 +30,16 @@ import (
 // credentials, while its openat follows a link despite O_NOFOLLOW when
 // O_DIRECTORY is also given, which is why os.Root cannot be used here.
 
-func init() {
-	// The main goroutine keeps the process's first thread. asUser's threads
-	// end with their goroutine, but the first thread of a Go process cannot
-	// end: the runtime would park it forever with the program's
-	// credentials, and it is the thread /proc/1 describes.
-	runtime.LockOSThread()
-}
-
 // asUser runs fn on an OS thread of its own whose effective user and group
 // are user's, with user's supplementary groups and no effective
 // capabilities; with user nil it runs fn as it is. The real and saved IDs
 // stay root's, so the program cannot signal or inspect that thread. fn must
 // not start goroutines (they would run on other threads, as root). The
-// thread is never given back to the Go scheduler: it ends with fn.
+// thread is never given back to the Go scheduler: it ends with fn. The
+// process's first thread cannot end (the runtime would park it forever, with
+// the program's credentials, and it is the thread /proc/1 describes), so
+// the agent keeps it for its main goroutine (cmd/safe-run-agent) and asUser
+// refuses to switch on it.
 func asUser(user *syscall.Credential, fn func() error) error {
 	if user == nil {
 		return fn()
@@ -51,6 +47,10 @@ func asUser(user *syscall.Credential, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		if unix.Gettid() == unix.Getpid() {
+			errc <- errors.New("file operations cannot switch users on the process's first thread; lock it to the main goroutine (runtime.LockOSThread in init)")
+			return
+		}
 		if err := becomeOnThisThread(user); err != nil {
 			errc <- fmt.Errorf("switch to uid %d for file operations: %w", user.Uid, err)
 			return

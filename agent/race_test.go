@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,11 @@ import (
 	"testing"
 	"time"
 )
+
+func init() {
+	// As cmd/safe-run-agent does: asUser never runs on the first thread.
+	runtime.LockOSThread()
+}
 
 // raceTries is how many times each file operation runs against a program
 // swapping a directory for a link: inside gVisor the old checks lost such

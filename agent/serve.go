@@ -30,9 +30,13 @@ type Config struct {
 	// every other process in the sandbox is killed, so nothing the program
 	// started outlives it.
 	OneShot bool
-	// User, if set, is the user programs run as, and the owner of the files
-	// written for them. The agent itself then needs the capabilities to
-	// switch to it; the program is left with none.
+	// User, if set, is the user programs run as, and the user the agent's
+	// own file operations in the workspace run as (on a thread of their
+	// own; see asUser), so files written are the program's and no race the
+	// program wins against them gains it anything. The agent itself then
+	// needs the capabilities to switch to it, and its main goroutine must
+	// keep the first thread (runtime.LockOSThread in init); the program is
+	// left with none.
 	User *syscall.Credential
 }
 
