@@ -64,9 +64,8 @@ func collectStamped(workdir string, c *Collect, user *syscall.Credential) []stam
 					f.Skipped = "cannot be opened"
 					break
 				}
-				var st unix.Stat_t
-				if unix.Fstat(int(file.Fd()), &st) == nil {
-					f.stamp = stampOf(&st)
+				if fi, err := file.Stat(); err == nil { // what was read, not what was listed
+					f.stamp = fileStamp{size: fi.Size(), mtime: fi.ModTime()}
 				}
 				f.Data, f.Size, f.Skipped = readRegular(file, c.MaxFileBytes, c.MaxTotalBytes-total)
 				file.Close()

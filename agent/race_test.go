@@ -235,3 +235,23 @@ func switchedThreads() []string {
 	}
 	return kept
 }
+
+// TestWriteFileRefusesFifo: a FIFO the program left where a file is to be
+// written is refused at once; opening it for writing would wait for a
+// reader forever.
+func TestWriteFileRefusesFifo(t *testing.T) {
+	ws := t.TempDir()
+	if err := syscall.Mkfifo(filepath.Join(ws, "fifo"), 0o666); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- writeFiles(ws, []File{{Path: "fifo", Data: []byte("x")}}, nil) }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+			t.Errorf("write over a FIFO: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("write over a FIFO still waits after 10 s")
+	}
+}
