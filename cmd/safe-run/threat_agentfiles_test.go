@@ -20,13 +20,18 @@ import (
 // attacks won within 32 (read_file) and 72 (collection) tries.
 const agentRaceTries = 400
 
+// agentWriteTries is the same for write_file, whose race is won more
+// rarely: the old agent created its first file in /dev after 8 to 138 tries.
+const agentWriteTries = 1000
+
 // shadowSign is in every line of the image's /etc/shadow and in no file a
 // probe of this suite writes: "name:*:days:0:99999:7:::".
 const shadowSign = ":99999:7:::"
 
 // swapperCell starts, in the background of the session, a process that
-// swaps each NAME between a real directory (holding a decoy "shadow") and a
-// link to its target, passing through "missing" each time, until
+// swaps each NAME between a real directory (holding a decoy "shadow"; out/d's
+// is rewritten every round) and a link to its target, passing through
+// "missing" each time, until
 // /tmp/stop-swapping exists. It counts its rounds in /tmp/swaps.
 const swapperCell = `import subprocess, sys
 src = r'''
@@ -55,6 +60,13 @@ while not os.path.exists("/tmp/stop-swapping"):
                 os.rename(name + ".dir", name)
             except OSError:
                 pass
+    try:
+        # a new decoy each round: the session's collection returns only
+        # files changed since the last cell
+        with open("out/d/shadow", "w") as f:
+            f.write("decoy %d" % n)
+    except OSError:
+        pass
     n += 1
     if n % 200 == 0:
         with open("/tmp/swaps", "w") as f:
@@ -149,18 +161,20 @@ func TestThreatAgentFileRaces(t *testing.T) {
 				listed++
 			}
 		}
+		t.Logf("%d tries: the real directory listed %d times", agentRaceTries, listed)
 		if listed == 0 {
 			t.Errorf("list_files never listed the real directory: the case proves nothing")
 		}
 	})
 	t.Run("write_file", func(t *testing.T) {
 		var wrote int
-		for i := range agentRaceTries {
+		for i := range agentWriteTries {
 			res, _ := ts.tool(t, "write_file", map[string]any{"session_id": id, "path": fmt.Sprintf("w/%s-%d", marker, i), "content": "x"})
 			if !res.IsError {
 				wrote++
 			}
 		}
+		t.Logf("%d tries: written into the real directory %d times", agentWriteTries, wrote)
 		if wrote == 0 {
 			t.Errorf("write_file never wrote into the real directory: the case proves nothing")
 		}
@@ -179,6 +193,7 @@ func TestThreatAgentFileRaces(t *testing.T) {
 				decoys++
 			}
 		}
+		t.Logf("%d cells: the decoy collected in %d", agentRaceTries, decoys)
 		if decoys == 0 {
 			t.Errorf("the collection never returned the decoy: the case proves nothing")
 		}
