@@ -25,10 +25,11 @@ import (
 // from the workspace, one open, which fails rather than follow a link or
 // leave the workspace; and it runs on a thread with the program's
 // credentials (asUser), so that even a resolution that went astray could do
-// only what the program can do itself. Measured inside gVisor (and kept so
-// by the TestThreatAgentFileRaces cases in cmd/safe-run): gVisor honours RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS and per-thread
-// credentials, while its openat follows a link despite O_NOFOLLOW when
-// O_DIRECTORY is also given, which is why os.Root cannot be used here.
+// only what the program can do itself. Measured inside gVisor, and kept so
+// by TestThreatAgentFileRaces in cmd/safe-run: gVisor honours
+// RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS and per-thread credentials, while its
+// openat follows a link despite O_NOFOLLOW when O_DIRECTORY is also given,
+// which is why os.Root cannot be used here.
 
 // asUser runs fn on an OS thread of its own whose effective user and group
 // are user's, with user's supplementary groups and no effective
