@@ -1,3 +1,5 @@
+//go:build linux
+
 package agent
 
 import (
@@ -7,62 +9,78 @@ import (
 	"os"
 	"path"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
-// collect gathers the regular files below workdir/c.Dir, within c's bounds.
-// It never follows a symbolic link: the program may have planted links to
-// files it could not read itself, or to paths outside the workspace.
-func collect(workdir string, c *Collect) []OutputFile {
-	root, err := os.OpenRoot(workdir)
-	if err != nil {
-		return nil
+// collect gathers the regular files below workdir/c.Dir, within c's bounds,
+// as user (see asUser). It never follows a symbolic link: the program may
+// have planted links to files it could not read itself, or to paths outside
+// the workspace, and may swap them in while the walk runs.
+func collect(workdir string, c *Collect, user *syscall.Credential) []OutputFile {
+	var out []OutputFile
+	for _, f := range collectStamped(workdir, c, user) {
+		out = append(out, f.OutputFile)
 	}
-	defer root.Close()
-	if fi, err := root.Lstat(c.Dir); err != nil || !fi.IsDir() {
-		return nil // no such directory (or a link to one): nothing to collect
-	}
+	return out
+}
+
+// stampedFile is a collected file and how it looked when it was read.
+type stampedFile struct {
+	OutputFile
+	stamp fileStamp
+}
+
+func collectStamped(workdir string, c *Collect, user *syscall.Credential) []stampedFile {
 	var (
-		out   []OutputFile
+		out   []stampedFile
 		total int64
 	)
-	_ = fs.WalkDir(root.FS(), c.Dir, func(name string, d fs.DirEntry, err error) error {
-		if err != nil || name == c.Dir && d.IsDir() {
-			return nil
+	_ = inWorkspace(workdir, user, func(ws *os.File) error {
+		dir, err := openDirBeneath(ws, c.Dir)
+		if err != nil {
+			return nil // no such directory (or a link to one): nothing to collect
 		}
-		rel := name[len(c.Dir)+1:]
-		if d.IsDir() {
-			if depth(rel) >= 8 {
-				return fs.SkipDir
+		defer dir.Close()
+		return walkBeneath(dir, "", func(e *entry) error {
+			if e.isDir() {
+				if depth(e.rel) >= 8 {
+					return fs.SkipDir
+				}
+				return nil
 			}
+			if len(out) >= c.MaxFiles {
+				return fs.SkipAll
+			}
+			f := stampedFile{OutputFile: OutputFile{Path: e.rel}, stamp: stampOf(&e.st)}
+			switch {
+			case e.isLink():
+				f.Skipped = "symbolic link (not followed)"
+			case !e.isRegular():
+				f.Skipped = "not a regular file"
+			default:
+				file, err := openBeneath(e.parent, e.name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+				if err != nil {
+					f.Skipped = "cannot be opened"
+					break
+				}
+				if fi, err := file.Stat(); err == nil { // what was read, not what was listed
+					f.stamp = fileStamp{size: fi.Size(), mtime: fi.ModTime()}
+				}
+				f.Data, f.Size, f.Skipped = readRegular(file, c.MaxFileBytes, c.MaxTotalBytes-total)
+				file.Close()
+				total += int64(len(f.Data))
+			}
+			out = append(out, f)
 			return nil
-		}
-		if len(out) >= c.MaxFiles {
-			return fs.SkipAll
-		}
-		f := OutputFile{Path: rel}
-		switch {
-		case d.Type()&fs.ModeSymlink != 0:
-			f.Skipped = "symbolic link (not followed)"
-		case !d.Type().IsRegular():
-			f.Skipped = "not a regular file"
-		default:
-			f.Data, f.Size, f.Skipped = readRegular(root, name, c.MaxFileBytes, c.MaxTotalBytes-total)
-			total += int64(len(f.Data))
-		}
-		out = append(out, f)
-		return nil
+		})
 	})
 	return out
 }
 
-// readRegular reads a regular file without following a link at its last
-// component, within max bytes and what is left of the total.
-func readRegular(root *os.Root, name string, max, left int64) (data []byte, size int64, skipped string) {
-	file, err := root.OpenFile(name, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
-	if err != nil {
-		return nil, 0, "cannot be opened"
-	}
-	defer file.Close()
+// readRegular reads file, which must be a regular file, within max bytes
+// and what is left of the total.
+func readRegular(file *os.File, max, left int64) (data []byte, size int64, skipped string) {
 	fi, err := file.Stat()
 	switch {
 	case err != nil || !fi.Mode().IsRegular():

@@ -27,7 +27,7 @@ func TestCollect(t *testing.T) {
 	must(os.Symlink(filepath.Dir(secret), filepath.Join(out, "dirlink")))
 	must(syscall.Mkfifo(filepath.Join(out, "fifo"), 0o644))
 
-	got := collect(work, &Collect{Dir: "out", MaxFiles: 10, MaxFileBytes: 50, MaxTotalBytes: 1000})
+	got := collect(work, &Collect{Dir: "out", MaxFiles: 10, MaxFileBytes: 50, MaxTotalBytes: 1000}, nil)
 	want := map[string]string{ // path → data, or "skip:" + reason fragment
 		"a.txt":     "alpha",
 		"big.bin":   "skip:per-file limit",
@@ -65,12 +65,12 @@ func TestCollectBounds(t *testing.T) {
 		os.WriteFile(filepath.Join(out, name), []byte("0123456789"), 0o644)
 	}
 	t.Run("file count", func(t *testing.T) {
-		if got := collect(work, &Collect{Dir: "out", MaxFiles: 2, MaxFileBytes: 100, MaxTotalBytes: 100}); len(got) != 2 {
+		if got := collect(work, &Collect{Dir: "out", MaxFiles: 2, MaxFileBytes: 100, MaxTotalBytes: 100}, nil); len(got) != 2 {
 			t.Errorf("collected %d files, want 2", len(got))
 		}
 	})
 	t.Run("total bytes", func(t *testing.T) {
-		got := collect(work, &Collect{Dir: "out", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 25})
+		got := collect(work, &Collect{Dir: "out", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 25}, nil)
 		var data, skipped int
 		for _, f := range got {
 			if f.Data != nil {
@@ -84,11 +84,11 @@ func TestCollectBounds(t *testing.T) {
 		}
 	})
 	t.Run("missing or linked directory", func(t *testing.T) {
-		if got := collect(work, &Collect{Dir: "nothing", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 100}); got != nil {
+		if got := collect(work, &Collect{Dir: "nothing", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 100}, nil); got != nil {
 			t.Errorf("collected %+v from a missing directory", got)
 		}
 		os.Symlink(out, filepath.Join(work, "linked"))
-		if got := collect(work, &Collect{Dir: "linked", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 100}); got != nil {
+		if got := collect(work, &Collect{Dir: "linked", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 100}, nil); got != nil {
 			t.Errorf("followed a linked output directory: %+v", got)
 		}
 	})

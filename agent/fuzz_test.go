@@ -134,7 +134,7 @@ func FuzzWorkspacePaths(f *testing.F) {
 			}
 			exit = &Exit{}
 		case 4:
-			exit = &Exit{Files: collect(ws, &Collect{Dir: filepath.Clean(name), MaxFiles: 16, MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20})}
+			exit = &Exit{Files: collect(ws, &Collect{Dir: filepath.Clean(name), MaxFiles: 16, MaxFileBytes: 1 << 20, MaxTotalBytes: 1 << 20}, nil)}
 		}
 		for _, file := range exit.Files {
 			if bytes.Contains(file.Data, []byte(secret)) {

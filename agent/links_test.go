@@ -22,10 +22,10 @@ func TestFileToolsRefuseLinksOnTheWay(t *testing.T) {
 	os.Symlink(outside, filepath.Join(ws, "outside"))
 	for _, p := range []string{"inside/f", "outside/secret", "real/../inside/f"} {
 		t.Run(p, func(t *testing.T) {
-			if exit := readFile(ws, filepath.Clean(p), 1<<20); exit.Error == "" || !strings.Contains(exit.Error, "symbolic link") {
+			if exit := readFile(ws, filepath.Clean(p), 1<<20, nil); exit.Error == "" || !strings.Contains(exit.Error, "symbolic link") {
 				t.Errorf("readFile: %+v", exit)
 			}
-			if exit := listFiles(ws, filepath.Dir(filepath.Clean(p)), 100); exit.Error == "" {
+			if exit := listFiles(ws, filepath.Dir(filepath.Clean(p)), 100, nil); exit.Error == "" {
 				t.Errorf("listFiles %s: %+v", filepath.Dir(p), exit)
 			}
 			if err := writeFiles(ws, []File{{Path: filepath.Clean(p), Data: []byte("x")}}, nil); err == nil || !strings.Contains(err.Error(), "symbolic link") {
@@ -43,7 +43,7 @@ func TestFileToolsRefuseLinksOnTheWay(t *testing.T) {
 		t.Errorf("the file behind the inner link changed: %q", data)
 	}
 	// Real directories still work.
-	if exit := readFile(ws, "real/f", 1<<20); exit.Error != "" || string(exit.Files[0].Data) != "f" {
+	if exit := readFile(ws, "real/f", 1<<20, nil); exit.Error != "" || string(exit.Files[0].Data) != "f" {
 		t.Errorf("readFile real/f: %+v", exit)
 	}
 	if err := writeFiles(ws, []File{{Path: "real/new/g", Data: []byte("g")}}, nil); err != nil {

@@ -8,9 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/signal"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -30,9 +30,13 @@ type Config struct {
 	// every other process in the sandbox is killed, so nothing the program
 	// started outlives it.
 	OneShot bool
-	// User, if set, is the user programs run as, and the owner of the files
-	// written for them. The agent itself then needs the capabilities to
-	// switch to it; the program is left with none.
+	// User, if set, is the user programs run as, and the user the agent's
+	// own file operations in the workspace run as (on a thread of their
+	// own; see asUser), so files written are the program's and no race the
+	// program wins against them gains it anything. The agent itself then
+	// needs the capabilities to switch to it, and its main goroutine must
+	// keep the first thread (runtime.LockOSThread in init); the program is
+	// left with none.
 	User *syscall.Credential
 }
 
@@ -103,9 +107,9 @@ func (s *server) handle(req *Request) *Exit {
 	case OpWarm:
 		return s.warm(req)
 	case OpRead:
-		return readFile(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxBytes)
+		return readFile(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxBytes, s.cfg.User)
 	case OpList:
-		return listFiles(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxFiles)
+		return listFiles(s.cfg.Workdir, filepath.Clean(req.Path), req.MaxFiles, s.cfg.User)
 	}
 	return &Exit{Code: -1, Error: fmt.Sprintf("unknown operation %q", req.Op)}
 }
@@ -175,7 +179,7 @@ func (s *server) run(req *Request) *Exit {
 	exit.StdoutBytes, exit.StdoutTail = stdout.Total(), stdout.Tail()
 	exit.StderrBytes, exit.StderrTail = stderr.Total(), stderr.Tail()
 	if req.Collect != nil {
-		exit.Files = collect(s.cfg.Workdir, req.Collect)
+		exit.Files = collect(s.cfg.Workdir, req.Collect, s.cfg.User)
 	}
 	return exit
 }
@@ -297,124 +301,100 @@ func (c *streamCapture) add(p []byte) error {
 	return nil
 }
 
-// writeFiles writes files below dir, refusing any path that would leave it,
-// and gives them (and the directories it creates) to owner if set.
-func writeFiles(dir string, files []File, owner *syscall.Credential) error {
+// writeFiles writes files below workdir as user (see asUser), so that they
+// and the directories made for them are the program's, refusing any path
+// that leaves the workspace or goes through a symbolic link.
+func writeFiles(workdir string, files []File, user *syscall.Credential) error {
 	if len(files) == 0 {
 		return nil
 	}
-	root, err := os.OpenRoot(dir)
-	if err != nil {
-		return fmt.Errorf("open workspace: %w", err)
-	}
-	defer root.Close()
-	for _, f := range files {
-		name := filepath.Clean(f.Path)
-		if filepath.IsAbs(name) || name == "." || name == ".." || strings.HasPrefix(name, "../") {
-			return fmt.Errorf("write %q: path leaves the workspace", f.Path)
+	return inWorkspace(workdir, user, func(ws *os.File) error {
+		for _, f := range files {
+			name := filepath.Clean(f.Path)
+			if filepath.IsAbs(name) || name == "." || name == ".." || strings.HasPrefix(name, "../") {
+				return fmt.Errorf("write %q: path leaves the workspace", f.Path)
+			}
+			mode := os.FileMode(f.Mode & 0o777)
+			if mode == 0 {
+				mode = 0o644
+			}
+			dir, err := mkdirAll(ws, filepath.Dir(name))
+			if err != nil {
+				return fmt.Errorf("write %q: %w", f.Path, err)
+			}
+			err = writeFile(dir, filepath.Base(name), f.Data, mode)
+			dir.Close()
+			if err != nil {
+				return fmt.Errorf("write %q: %w", f.Path, explain(name, err))
+			}
 		}
-		if err := checkNoLinks(root, name); err != nil {
-			return fmt.Errorf("write %q: %w", f.Path, err)
-		}
-		mode := os.FileMode(f.Mode & 0o777)
-		if mode == 0 {
-			mode = 0o644
-		}
-		if err := mkdirAll(root, filepath.Dir(name), owner); err != nil {
-			return fmt.Errorf("write %q: %w", f.Path, err)
-		}
-		if err := writeFile(root, name, f.Data, mode); err != nil {
-			return fmt.Errorf("write %q: %w", f.Path, err)
-		}
-		if err := chown(root, name, owner); err != nil {
-			return fmt.Errorf("write %q: %w", f.Path, err)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
-// makeDir creates dir (relative) below workdir, owned by owner.
-func makeDir(workdir, dir string, owner *syscall.Credential) error {
-	root, err := os.OpenRoot(workdir)
-	if err != nil {
-		return fmt.Errorf("open workspace: %w", err)
-	}
-	defer root.Close()
-	// Refused before mkdirAll, which would climb an absolute path forever.
+// makeDir creates dir (relative) below workdir, as user.
+func makeDir(workdir, dir string, user *syscall.Credential) error {
 	if !filepath.IsLocal(dir) {
 		return fmt.Errorf("create %s: path leaves the workspace", dir)
 	}
-	if err := checkNoLinks(root, filepath.Join(dir, "x")); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	if err := mkdirAll(root, filepath.Clean(dir), owner); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	return nil
-}
-
-// checkNoLinks refuses name if a directory on its way (not name itself) is
-// a symbolic link: the program may plant links in the workspace, and the
-// agent, root in the sandbox, must not be led through them. os.Root alone
-// is not enough inside gVisor, whose openat follows a symbolic link despite
-// O_NOFOLLOW when O_DIRECTORY is also given — which os.Root relies on to
-// stay below its root. The directories are checked from the top, so each
-// check resolves only real directories.
-func checkNoLinks(root *os.Root, name string) error {
-	var dirs []string
-	for d := filepath.Dir(filepath.Clean(name)); d != "." && d != "/"; d = filepath.Dir(d) {
-		dirs = append(dirs, d)
-	}
-	for i := len(dirs) - 1; i >= 0; i-- {
-		fi, err := root.Lstat(dirs[i])
-		switch {
-		case errors.Is(err, fs.ErrNotExist):
-			return nil // created below, as a directory
-		case err != nil:
-			return err
-		case fi.Mode()&fs.ModeSymlink != 0:
-			return fmt.Errorf("%s is a symbolic link; links are not followed", dirs[i])
+	return inWorkspace(workdir, user, func(ws *os.File) error {
+		d, err := mkdirAll(ws, filepath.Clean(dir))
+		if err != nil {
+			return fmt.Errorf("create %s: %w", dir, err)
 		}
-	}
-	return nil
+		return d.Close()
+	})
 }
 
-// mkdirAll creates dir and its missing parents below root, owned by owner.
-func mkdirAll(root *os.Root, dir string, owner *syscall.Credential) error {
+// mkdirAll creates dir and its missing parents below ws, one component at a
+// time, each made and then opened from its parent's open directory, and
+// returns it open.
+func mkdirAll(ws *os.File, dir string) (*os.File, error) {
+	cur, err := openDirBeneath(ws, ".")
+	if err != nil {
+		return nil, explain(".", err)
+	}
 	if dir == "." {
-		return nil
+		return cur, nil
 	}
-	if fi, err := root.Lstat(dir); err == nil && fi.IsDir() {
-		return nil
+	done := ""
+	for _, name := range strings.Split(dir, "/") {
+		done = path.Join(done, name)
+		// mkdirat never follows a link at its last component, and the
+		// open that follows refuses one.
+		if err := unix.Mkdirat(int(cur.Fd()), name, 0o755); err != nil && !errors.Is(err, unix.EEXIST) {
+			cur.Close()
+			return nil, explain(done, err)
+		}
+		next, err := openDirBeneath(cur, name)
+		cur.Close()
+		if err != nil {
+			return nil, explain(done, err)
+		}
+		cur = next
 	}
-	if err := mkdirAll(root, filepath.Dir(dir), owner); err != nil {
-		return err
-	}
-	if err := root.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
-		return err
-	}
-	return chown(root, dir, owner)
+	return cur, nil
 }
 
-func chown(root *os.Root, name string, owner *syscall.Credential) error {
-	if owner == nil {
-		return nil
+// writeFile writes one file in dir with exactly mode (no umask). A FIFO or
+// device the program left there is not opened for long: the open does not
+// block, and anything but a regular file is refused.
+func writeFile(dir *os.File, name string, data []byte, mode os.FileMode) error {
+	f, err := openBeneath(dir, name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NONBLOCK, uint32(mode))
+	if errors.Is(err, unix.ENXIO) { // a FIFO nobody reads
+		return fmt.Errorf("not a regular file")
 	}
-	return root.Lchown(name, int(owner.Uid), int(owner.Gid))
-}
-
-// writeFile writes one file below root with exactly mode (no umask).
-func writeFile(root *os.Root, name string, data []byte, mode os.FileMode) error {
-	f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, mode)
 	if err != nil {
 		return err
 	}
+	defer f.Close()
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		return fmt.Errorf("not a regular file")
+	}
 	if _, err := f.Write(data); err != nil {
-		f.Close()
 		return err
 	}
 	if err := f.Chmod(mode); err != nil {
-		f.Close()
 		return err
 	}
 	return f.Close()

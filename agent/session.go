@@ -8,12 +8,13 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -267,7 +268,7 @@ func (s *server) finishCell(exit *Exit, req *Request, streams [2]*cellStream, st
 		if s.seen == nil {
 			s.seen = map[string]fileStamp{}
 		}
-		exit.Files = collectChanged(s.cfg.Workdir, req.Collect, s.seen)
+		exit.Files = collectChanged(s.cfg.Workdir, req.Collect, s.cfg.User, s.seen)
 	}
 	return exit
 }
@@ -335,87 +336,80 @@ func (c *cellStream) flushPending() {
 	}
 }
 
-// collectChanged collects the files of c.Dir that are new or changed since
-// seen was last updated, and updates it.
-func collectChanged(workdir string, c *Collect, seen map[string]fileStamp) []OutputFile {
+// collectChanged collects, as user, the files of c.Dir that are new or
+// changed since seen was last updated, and updates it.
+func collectChanged(workdir string, c *Collect, user *syscall.Credential, seen map[string]fileStamp) []OutputFile {
 	var out []OutputFile
-	for _, f := range collect(workdir, c) {
-		fi, err := os.Lstat(filepath.Join(workdir, c.Dir, f.Path))
-		if err != nil {
+	for _, f := range collectStamped(workdir, c, user) {
+		if old, ok := seen[f.Path]; ok && old == f.stamp {
 			continue
 		}
-		stamp := fileStamp{size: fi.Size(), mtime: fi.ModTime()}
-		if old, ok := seen[f.Path]; ok && old == stamp {
-			continue
-		}
-		seen[f.Path] = stamp
-		out = append(out, f)
+		seen[f.Path] = f.stamp
+		out = append(out, f.OutputFile)
 	}
 	return out
 }
 
-// readFile returns one workspace file, within max bytes.
-func readFile(workdir, name string, max int64) *Exit {
-	root, err := os.OpenRoot(workdir)
+// readFile returns one workspace file, within max bytes, read as user.
+func readFile(workdir, name string, max int64, user *syscall.Credential) *Exit {
+	var exit *Exit
+	err := inWorkspace(workdir, user, func(ws *os.File) error {
+		f, err := openBeneath(ws, name, unix.O_RDONLY|unix.O_NONBLOCK, 0)
+		switch {
+		case errors.Is(err, unix.ENOENT), errors.Is(err, unix.ENOTDIR):
+			return fmt.Errorf("%s: no such file in the workspace", name)
+		case err != nil:
+			return explain(name, err)
+		}
+		defer f.Close()
+		if fi, err := f.Stat(); err == nil && fi.IsDir() {
+			return fmt.Errorf("%s is a directory; list it instead", name)
+		}
+		data, size, skipped := readRegular(f, max, max)
+		if skipped != "" {
+			return fmt.Errorf("%s (%d bytes): %s", name, size, skipped)
+		}
+		exit = &Exit{Files: []OutputFile{{Path: name, Size: size, Data: data, Type: "file"}}}
+		return nil
+	})
 	if err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-	defer root.Close()
-	if err := checkNoLinks(root, name); err != nil {
 		return &Exit{Code: 1, Error: err.Error()}
 	}
-	fi, err := root.Lstat(name)
-	switch {
-	case err != nil:
-		return &Exit{Code: 1, Error: fmt.Sprintf("%s: no such file in the workspace", name)}
-	case fi.Mode()&fs.ModeSymlink != 0:
-		return &Exit{Code: 1, Error: fmt.Sprintf("%s is a symbolic link; links are not followed", name)}
-	case fi.IsDir():
-		return &Exit{Code: 1, Error: fmt.Sprintf("%s is a directory; list it instead", name)}
-	}
-	data, size, skipped := readRegular(root, name, max, max)
-	if skipped != "" {
-		return &Exit{Code: 1, Error: fmt.Sprintf("%s (%d bytes): %s", name, size, skipped)}
-	}
-	return &Exit{Files: []OutputFile{{Path: name, Size: size, Data: data, Type: "file"}}}
+	return exit
 }
 
 // listFiles lists the workspace below dir, recursively, without following
-// links, up to max entries.
-func listFiles(workdir, dir string, max int) *Exit {
-	root, err := os.OpenRoot(workdir)
-	if err != nil {
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-	defer root.Close()
-	if err := checkNoLinks(root, dir); err != nil {
+// links, up to max entries, as user.
+func listFiles(workdir, dir string, max int, user *syscall.Credential) *Exit {
+	var out []OutputFile
+	err := inWorkspace(workdir, user, func(ws *os.File) error {
+		d, err := openDirBeneath(ws, dir)
+		if err != nil {
+			if errors.Is(err, unix.ELOOP) || errors.Is(err, unix.EXDEV) {
+				return explain(dir, err)
+			}
+			return fmt.Errorf("%s: no such directory in the workspace", dir)
+		}
+		defer d.Close()
+		return walkBeneath(d, dir, func(e *entry) error {
+			if len(out) >= max {
+				return fs.SkipAll
+			}
+			f := OutputFile{Path: e.rel, Type: "other"}
+			switch {
+			case e.isDir():
+				f.Type = "dir"
+			case e.isLink():
+				f.Type = "symlink"
+			case e.isRegular():
+				f.Type, f.Size = "file", e.st.Size
+			}
+			out = append(out, f)
+			return nil
+		})
+	})
+	if err != nil && !errors.Is(err, fs.SkipAll) {
 		return &Exit{Code: 1, Error: err.Error()}
 	}
-	if fi, err := root.Lstat(dir); err != nil || !fi.IsDir() {
-		return &Exit{Code: 1, Error: fmt.Sprintf("%s: no such directory in the workspace", dir)}
-	}
-	var out []OutputFile
-	_ = fs.WalkDir(root.FS(), dir, func(name string, d fs.DirEntry, err error) error {
-		if err != nil || name == dir {
-			return nil
-		}
-		if len(out) >= max {
-			return fs.SkipAll
-		}
-		f := OutputFile{Path: name, Type: "other"}
-		switch {
-		case d.IsDir():
-			f.Type = "dir"
-		case d.Type()&fs.ModeSymlink != 0:
-			f.Type = "symlink"
-		case d.Type().IsRegular():
-			f.Type = "file"
-			if fi, err := d.Info(); err == nil {
-				f.Size = fi.Size()
-			}
-		}
-		out = append(out, f)
-		return nil
-	})
 	return &Exit{Files: out}
 }

@@ -7,10 +7,18 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime"
 	"syscall"
 
 	"github.com/safe-run/safe-run/agent"
 )
+
+func init() {
+	// The main goroutine keeps the process's first thread, so that the
+	// agent's file operations, which switch their thread to the program's
+	// user and let it end with them, never run on it (see agent.Config.User).
+	runtime.LockOSThread()
+}
 
 func main() {
 	workdir := flag.String("workdir", "/workspace", "where files are written and programs run")
