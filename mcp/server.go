@@ -142,6 +142,10 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	}
 	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
 		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)
+	res, tooLarge := fitResponse(ctx, res)
+	if tooLarge != nil {
+		return tooLarge, nil
+	}
 	return result(res), nil
 }
 
