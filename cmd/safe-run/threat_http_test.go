@@ -60,7 +60,8 @@ func serveHTTP(t *testing.T, env []string, args ...string) *httpServe {
 	})
 	url := waitForURL(t, stderr)
 	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/mcp")
-	return &httpServe{url: url, addr: addr, pid: cmd.Process.Pid}
+	// Without root the serving process is the child of the one started.
+	return &httpServe{url: url, addr: addr, pid: serverPid(t, stateDir)}
 }
 
 // rawRequest is an HTTP/1.1 request written by hand, for clients no
@@ -138,49 +139,23 @@ head -c $((1024 * 1024)) /dev/zero | tr '\0' '<'`
 const unreadCalls = 12
 
 // unreadRSSBound is the server's peak RSS the README states under the
-// default limits (see "HTTP server limits"), for this machine's CPUs.
-var unreadRSSBound = func() int64 {
+// default limits but --max-concurrent (see "HTTP server limits").
+func unreadRSSBound(maxConcurrent int) int64 {
 	var l httpLimits
 	l.register(flag.NewFlagSet("", flag.ContinueOnError))
-	return memoryBound(l, goruntime.NumCPU(), sandbox.DefaultLimits.OutputBytes, 0)
-}()
+	return memoryBound(l, maxConcurrent, sandbox.DefaultLimits.OutputBytes, 0)
+}
 
-// TestThreatHTTPUnreadResponses makes run_code calls with the largest
-// results a run can have on connections that never read a byte of the
-// response, and checks that the server's peak memory stays under the
+// TestThreatHTTPUnreadResponses leaves the largest results unread and
+// checks that the server's peak memory stays under the
 // stated bound and that it still answers a client that reads.
 func TestThreatHTTPUnreadResponses(t *testing.T) {
 	s := serveHTTP(t, nil)
-	id := mcpSession(t, s.addr)
 	_, hwmBefore := rss(s.pid)
-	before := runsTotal(s.addr)
-	args, _ := json.Marshal(map[string]any{"language": "bash", "code": unreadAttack})
-	for i := range unreadCalls {
-		call := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"run_code","arguments":%s}}`, 100+i, args)
-		c, err := net.Dial("tcp", s.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close() // never read before the end of the test
-		if _, err := io.WriteString(c, rawRequest("POST", s.addr, "/mcp", id, call)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Every call has run (their results may have been refused, which the
-	// metrics count too) and the server holds what it holds.
-	var peak int64
-	waitUntil(t, 10*time.Minute, func() bool {
-		if _, hwm := rss(s.pid); hwm > peak {
-			peak = hwm
-		}
-		return runsTotal(s.addr) >= before+unreadCalls
-	})
-	time.Sleep(3 * time.Second)
-	rssAfter, hwm := rss(s.pid)
-	peak = max(peak, hwm)
-	t.Logf("server RSS: peak before the attack %s, peak during it %s, after it %s (bound %s)", mib(hwmBefore), mib(peak), mib(rssAfter), mib(unreadRSSBound))
-	if peak > unreadRSSBound {
-		t.Errorf("the server's peak RSS reached %s with %d results unread; the bound is %s", mib(peak), unreadCalls, mib(unreadRSSBound))
+	peak, rssAfter := attackUnread(t, s.addr, s.pid, unreadCalls)
+	t.Logf("server RSS: peak before the attack %s, peak during it %s, after it %s (bound %s)", mib(hwmBefore), mib(peak), mib(rssAfter), mib(unreadRSSBound(goruntime.NumCPU())))
+	if peak > unreadRSSBound(goruntime.NumCPU()) {
+		t.Errorf("the server's peak RSS reached %s with %d results unread; the bound is %s", mib(peak), unreadCalls, mib(unreadRSSBound(goruntime.NumCPU())))
 	}
 	// A client that reads is still served.
 	c := connectHTTP(t, s.url, "threat-http-reader")
@@ -190,6 +165,38 @@ func TestThreatHTTPUnreadResponses(t *testing.T) {
 	if out["stdout"] != "still-here\n" {
 		t.Errorf("a reading client after the attack got %q", text(res))
 	}
+}
+
+// attackUnread makes calls run_code calls with the largest results a run
+// can have on connections that never read a byte of the response, until
+// all have run, and returns the server's peak RSS (VmHWM) and its RSS then.
+func attackUnread(t *testing.T, addr string, pid, calls int) (peak, rssAfter int64) {
+	t.Helper()
+	id := mcpSession(t, addr)
+	before := runsTotal(addr)
+	args, _ := json.Marshal(map[string]any{"language": "bash", "code": unreadAttack})
+	for i := range calls {
+		call := fmt.Sprintf(`{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"run_code","arguments":%s}}`, 100+i, args)
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() }) // never read before the end of the test
+		if _, err := io.WriteString(c, rawRequest("POST", addr, "/mcp", id, call)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every call has run (their results may have been refused, which the
+	// metrics count too) and the server holds what it holds.
+	waitUntil(t, 10*time.Minute, func() bool {
+		if _, hwm := rss(pid); hwm > peak {
+			peak = hwm
+		}
+		return runsTotal(addr) >= before+calls
+	})
+	time.Sleep(3 * time.Second)
+	rssAfter, hwm := rss(pid)
+	return max(peak, hwm), rssAfter
 }
 
 // TestThreatHTTPSlowBody sends a request body a byte a second: the server
