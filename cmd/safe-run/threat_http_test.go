@@ -41,7 +41,18 @@ type httpServe struct {
 func serveHTTP(t *testing.T, env []string, args ...string) *httpServe {
 	t.Helper()
 	stateDir := filepath.Join(t.TempDir(), "state")
-	cmd := exec.Command(binary(t), append([]string{"serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn"}, args...)...)
+	url := startHTTPServe(t, binary(t), append([]string{"serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn"}, args...), env)
+	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/mcp")
+	// Without root the serving process is the child of the one started.
+	return &httpServe{url: url, addr: addr, pid: serverPid(t, stateDir)}
+}
+
+// startHTTPServe starts bin with args (a serve --http) and env added to
+// its environment, stops it with SIGINT when the test ends, and returns
+// the URL it serves at.
+func startHTTPServe(t *testing.T, bin string, args, env []string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
@@ -58,10 +69,7 @@ func serveHTTP(t *testing.T, env []string, args ...string) *httpServe {
 			t.Error("the HTTP server did not stop within 30s of SIGINT")
 		}
 	})
-	url := waitForURL(t, stderr)
-	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/mcp")
-	// Without root the serving process is the child of the one started.
-	return &httpServe{url: url, addr: addr, pid: serverPid(t, stateDir)}
+	return waitForURL(t, stderr)
 }
 
 // rawRequest is an HTTP/1.1 request written by hand, for clients no
