@@ -31,6 +31,15 @@ type HTTPConfig struct {
 	AllowedHosts []string
 	// MaxBodyBytes caps a request body.
 	MaxBodyBytes int64
+	// BodyTimeout, if set, is how long a request body may take to arrive.
+	BodyTimeout time.Duration
+	// WriteTimeout, if set, ends a connection whose client takes none of
+	// 64 KiB of response for this long.
+	WriteTimeout time.Duration
+	// MaxResponseBytes and MaxInFlightBytes, if both set, cap the JSON of
+	// one run_code result and of all results not yet written (see
+	// fitResponse).
+	MaxResponseBytes, MaxInFlightBytes int64
 	// Metrics, if set, is served at MetricsPath behind the same checks as
 	// the MCP endpoint: a scraper sends the bearer token like any client.
 	Metrics http.Handler
@@ -43,7 +52,8 @@ type HTTPConfig struct {
 //   - an Origin header, which browsers send, must be a loopback origin or an
 //     allowed one;
 //   - the bearer token, when configured, must match;
-//   - bodies over MaxBodyBytes are refused.
+//   - bodies over MaxBodyBytes are refused;
+//   - and the limits of limitHTTP apply: slow bodies, unread responses.
 func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// Stateful: a session the server never issued, or one that ended, is
 	// refused (404), as the protocol asks. Idle sessions expire.
@@ -54,7 +64,7 @@ func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	if cfg.Metrics != nil {
 		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
 	}
-	return mux
+	return limitHTTP(cfg, mux)
 }
 
 func guard(cfg HTTPConfig, next http.Handler) http.Handler {

@@ -142,6 +142,11 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	}
 	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
 		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)
+	res, tooLarge := fitResponse(ctx, res)
+	if tooLarge != nil {
+		h.cfg.Logger.Warn("run_code result not sent", "sandbox", res.SandboxID, "why", tooLarge.Content[0].(mcpgo.TextContent).Text)
+		return tooLarge, nil
+	}
 	return result(res), nil
 }
 

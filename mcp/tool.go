@@ -390,13 +390,13 @@ func renderText(o runCodeOutput) string {
 		b.WriteString("(the result of an earlier identical call, reused)\n")
 	}
 	if o.Stdout != "" {
-		b.WriteString("\nstdout:\n" + withNewline(o.Stdout))
+		b.WriteString("\nstdout:\n" + withNewline(textExcerpt(o.Stdout, "stdout")))
 	}
 	if o.Stderr != "" {
 		if o.Status != sandbox.StatusOK {
-			b.WriteString("\nstderr (last lines):\n" + withNewline(lastLines(o.Stderr, stderrTailLines)))
+			b.WriteString("\nstderr (last lines):\n" + withNewline(textExcerpt(lastLines(o.Stderr, stderrTailLines), "stderr")))
 		} else {
-			b.WriteString("\nstderr:\n" + withNewline(o.Stderr))
+			b.WriteString("\nstderr:\n" + withNewline(textExcerpt(o.Stderr, "stderr")))
 		}
 	}
 	if o.Stdout == "" && o.Stderr == "" {

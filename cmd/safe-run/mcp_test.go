@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -79,24 +78,7 @@ func startServerAt(t *testing.T, transportName, stateDir string, env []string, e
 			t.Fatalf("start stdio server: %v", err)
 		}
 	case "http":
-		cmd := exec.Command(bin, append(args, "--http", "127.0.0.1:0")...)
-		cmd.Env = append(os.Environ(), env...)
-		stderr, _ := cmd.StderrPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			cmd.Process.Signal(os.Interrupt)
-			done := make(chan struct{})
-			go func() { cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(30 * time.Second):
-				cmd.Process.Kill()
-				t.Error("the HTTP server did not stop within 30s of SIGINT")
-			}
-		})
-		ts.url = waitForURL(t, stderr)
+		ts.url = startHTTPServe(t, bin, append(args, "--http", "127.0.0.1:0"), env)
 		c, err = client.NewStreamableHttpClient(ts.url)
 		if err != nil {
 			t.Fatal(err)

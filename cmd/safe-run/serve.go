@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"log/slog"
 	"net"
@@ -12,6 +13,8 @@ import (
 	"os"
 	"os/signal"
 	goruntime "runtime"
+	"runtime/debug"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -43,28 +46,34 @@ Flags:
 
 // serveEnv names the environment variable of each serve flag.
 var serveEnv = map[string]string{
-	"config":          "SAFE_RUN_CONFIG",
-	"http":            "SAFE_RUN_HTTP",
-	"token":           "SAFE_RUN_TOKEN",
-	"token-file":      "SAFE_RUN_TOKEN_FILE",
-	"allowed-origins": "SAFE_RUN_ALLOWED_ORIGINS",
-	"allowed-hosts":   "SAFE_RUN_ALLOWED_HOSTS",
-	"max-body":        "SAFE_RUN_MAX_BODY",
-	"max-concurrent":  "SAFE_RUN_MAX_CONCURRENT",
-	"max-queue":       "SAFE_RUN_MAX_QUEUE",
-	"timeout":         "SAFE_RUN_TIMEOUT",
-	"max-timeout":     "SAFE_RUN_MAX_TIMEOUT",
-	"memory":          "SAFE_RUN_MEMORY",
-	"pids":            "SAFE_RUN_PIDS",
-	"cpus":            "SAFE_RUN_CPUS",
-	"output-limit":    "SAFE_RUN_OUTPUT_LIMIT",
-	"max-sessions":    "SAFE_RUN_MAX_SESSIONS",
-	"session-idle":    "SAFE_RUN_SESSION_IDLE",
-	"session-max-age": "SAFE_RUN_SESSION_MAX_AGE",
-	"cache-ttl":       "SAFE_RUN_CACHE_TTL",
-	"cache-size":      "SAFE_RUN_CACHE_SIZE",
-	"log-level":       "SAFE_RUN_LOG_LEVEL",
-	"images":          "SAFE_RUN_IMAGES",
+	"config":                  "SAFE_RUN_CONFIG",
+	"http":                    "SAFE_RUN_HTTP",
+	"token":                   "SAFE_RUN_TOKEN",
+	"token-file":              "SAFE_RUN_TOKEN_FILE",
+	"allowed-origins":         "SAFE_RUN_ALLOWED_ORIGINS",
+	"allowed-hosts":           "SAFE_RUN_ALLOWED_HOSTS",
+	"max-body":                "SAFE_RUN_MAX_BODY",
+	"read-timeout":            "SAFE_RUN_READ_TIMEOUT",
+	"write-timeout":           "SAFE_RUN_WRITE_TIMEOUT",
+	"idle-timeout":            "SAFE_RUN_IDLE_TIMEOUT",
+	"max-connections":         "SAFE_RUN_MAX_CONNECTIONS",
+	"max-response":            "SAFE_RUN_MAX_RESPONSE",
+	"max-responses-in-flight": "SAFE_RUN_MAX_RESPONSES_IN_FLIGHT",
+	"max-concurrent":          "SAFE_RUN_MAX_CONCURRENT",
+	"max-queue":               "SAFE_RUN_MAX_QUEUE",
+	"timeout":                 "SAFE_RUN_TIMEOUT",
+	"max-timeout":             "SAFE_RUN_MAX_TIMEOUT",
+	"memory":                  "SAFE_RUN_MEMORY",
+	"pids":                    "SAFE_RUN_PIDS",
+	"cpus":                    "SAFE_RUN_CPUS",
+	"output-limit":            "SAFE_RUN_OUTPUT_LIMIT",
+	"max-sessions":            "SAFE_RUN_MAX_SESSIONS",
+	"session-idle":            "SAFE_RUN_SESSION_IDLE",
+	"session-max-age":         "SAFE_RUN_SESSION_MAX_AGE",
+	"cache-ttl":               "SAFE_RUN_CACHE_TTL",
+	"cache-size":              "SAFE_RUN_CACHE_SIZE",
+	"log-level":               "SAFE_RUN_LOG_LEVEL",
+	"images":                  "SAFE_RUN_IMAGES",
 }
 
 type serveFlags struct {
@@ -76,6 +85,7 @@ type serveFlags struct {
 	origins       string
 	hosts         string
 	maxBody       int64
+	httpLimits    httpLimits
 	maxConcurrent int
 	maxQueue      int
 	timeout       time.Duration
@@ -100,6 +110,7 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.hosts, "allowed-hosts", "", "comma-separated Host `names` accepted besides loopback ones (* for any)")
 	f.maxBody = 100 * sandbox.MiB
 	fs.Var(sizeFlag{&f.maxBody}, "max-body", "largest HTTP request body (a `size` such as 100MiB)")
+	f.httpLimits.register(fs)
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", goruntime.NumCPU(), "most runs at once")
 	fs.IntVar(&f.maxQueue, "max-queue", 16, "most calls waiting for a run; more are refused")
 	fs.DurationVar(&f.timeout, "timeout", sandbox.DefaultLimits.Timeout, "timeout of a call that sets none")
@@ -172,11 +183,22 @@ func serve(f serveFlags) error {
 	}
 	var listener net.Listener
 	if f.http != "" {
+		if err := f.httpLimits.check(); err != nil {
+			return err
+		}
 		// Listen before the slow start-up, so that a mistake shows at once.
-		if listener, err = listen(f.http, token); err != nil {
+		if listener, err = listen(f.http, token, splitList(f.hosts, ",")); err != nil {
 			return err
 		}
 		defer listener.Close()
+		listener = mcp.LimitConnections(listener, f.httpLimits.maxConnections)
+		if os.Getenv("GOMEMLIMIT") == "" {
+			cache := int64(0)
+			if f.cacheTTL > 0 {
+				cache = f.cacheSize
+			}
+			debug.SetMemoryLimit(memoryTarget(memoryBound(f.httpLimits, f.maxConcurrent, f.limits.OutputBytes, cache)))
+		}
 	}
 
 	auditLog, err := f.audit.open(logger)
@@ -283,8 +305,13 @@ func serve(f serveFlags) error {
 		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
 		Metrics:        metrics.Handler(),
+		BodyTimeout:    f.httpLimits.readTimeout, WriteTimeout: f.httpLimits.writeTimeout,
+		MaxResponseBytes: f.httpLimits.maxResponse, MaxInFlightBytes: f.httpLimits.maxInFlight,
 	})
-	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, BaseContext: func(net.Listener) context.Context { return ctx }}
+	// No ReadTimeout or WriteTimeout: both would end long runs and their
+	// SSE streams; the handler sets per-body and per-write deadlines.
+	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: f.httpLimits.idleTimeout,
+		BaseContext: func(net.Listener) context.Context { return ctx }}
 	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", listener.Addr(), mcp.HTTPPath)
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(listener) }()
@@ -299,28 +326,51 @@ func serve(f serveFlags) error {
 	return nil
 }
 
-// listen opens the HTTP listener, refusing a non-loopback address without
-// a token: anyone who can reach it could otherwise run code here.
-func listen(addr, token string) (net.Listener, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
+// listen opens the HTTP listener, refusing without a token one that others
+// can reach: anyone who can could run code here. The address that decides
+// is the one bound, not the one given: a name (even under .localhost) may
+// resolve anywhere. --allowed-hosts * counts as reachable: it turns off the
+// Host check that keeps DNS-rebinding web pages out.
+func listen(addr, token string, hosts []string) (net.Listener, error) {
+	if _, _, err := net.SplitHostPort(addr); err != nil {
 		return nil, usageError("--http %q: %v; give HOST:PORT, e.g. 127.0.0.1:8080", addr, err)
 	}
-	if !mcp.IsLoopbackHost(host) && token == "" {
-		return nil, usageError("--http %s listens beyond this machine; set a bearer token with --token-file or SAFE_RUN_TOKEN, or listen on 127.0.0.1", addr)
+	if token == "" && slices.Contains(hosts, "*") {
+		return nil, usageError("--allowed-hosts * accepts requests for any host name, which lets web pages reach the server by DNS rebinding; set a bearer token with --token-file or SAFE_RUN_TOKEN, or name the hosts")
 	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
+	if tcp, ok := l.Addr().(*net.TCPAddr); token == "" && (!ok || !tcp.IP.IsLoopback()) {
+		l.Close()
+		return nil, usageError("--http %s listens on %s, beyond this machine; set a bearer token with --token-file or SAFE_RUN_TOKEN, or listen on 127.0.0.1", addr, l.Addr())
+	}
 	return l, nil
 }
 
+// readToken returns the token, from file if one is named. The file must be
+// the owner's alone: a token others can read or replace guards nothing.
 func readToken(token, file string) (string, error) {
 	if file == "" {
 		return token, nil
 	}
-	data, err := os.ReadFile(file)
+	fd, err := os.Open(file)
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	defer fd.Close()
+	info, err := fd.Stat()
+	if err != nil {
+		return "", fmt.Errorf("read token file: %w", err)
+	}
+	if !info.Mode().IsRegular() {
+		return "", usageError("token file %s is not a regular file", file)
+	}
+	if perm := info.Mode().Perm(); perm&0o077 != 0 {
+		return "", usageError("token file %s can be read or changed by other users (mode %04o); chmod 600 %s", file, perm, file)
+	}
+	data, err := io.ReadAll(io.LimitReader(fd, 64<<10))
 	if err != nil {
 		return "", fmt.Errorf("read token file: %w", err)
 	}

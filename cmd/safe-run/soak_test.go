@@ -213,6 +213,15 @@ func TestSoak(t *testing.T) {
 		t.Errorf("server RSS grew from %s (before) and %s (half-way) to %s", mib(rssBefore), mib(rssMid), mib(rssAfter))
 	}
 
+	// Results nobody reads: the peak stays under the bound the README
+	// states (after the mix, whose RSS the attack would swamp).
+	addr := strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/mcp")
+	peakUnread, _ := attackUnread(t, addr, pid, unreadCalls)
+	t.Logf("soak summary: peak RSS (VmHWM) with %d results unread %s (bound %s)", unreadCalls, mib(peakUnread), mib(unreadRSSBound(concurrency)))
+	if peakUnread > unreadRSSBound(concurrency) {
+		t.Errorf("the server's peak RSS reached %s with %d results unread; the bound is %s", mib(peakUnread), unreadCalls, mib(unreadRSSBound(concurrency)))
+	}
+
 	// The server stops cleanly and leaves nothing either.
 	cmd.Process.Signal(os.Interrupt)
 	select {
