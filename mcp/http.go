@@ -46,9 +46,12 @@ type HTTPConfig struct {
 //   - bodies over MaxBodyBytes are refused.
 func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// Stateful: a session the server never issued, or one that ended, is
-	// refused (404), as the protocol asks. Idle sessions expire.
+	// refused (404), as the protocol asks. Idle sessions expire. The session
+	// is the client's identity (see identity.go), so only the versions that
+	// have one are spoken.
 	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
-		server.WithStateful(true), server.WithSessionIdleTTL(sessionIdleTTL))
+		server.WithSessionIdManager(&sessionIDs{}), server.WithSessionIdleTTL(sessionIdleTTL),
+		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...))
 	mux := http.NewServeMux()
 	mux.Handle(HTTPPath, guard(cfg, streamable))
 	if cfg.Metrics != nil {

@@ -56,7 +56,7 @@ func sessionTools(env Environment) []sessionTool {
 		},
 		{
 			name:        "list_sessions",
-			description: "List the live sessions: id, language, calls, and when each expires.",
+			description: "List your live sessions (those this connection created): id, language, calls, and when each expires.",
 			input:       `{"type": "object", "properties": {}}`,
 			annotations: hints(true, false, true),
 			handle:      (*handler).listSessions,
@@ -115,6 +115,11 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 			args, err := objectArgs(req.Params.Arguments, t.input)
 			if err != nil {
 				return mcpgo.NewToolResultError(argErrorText(err)), nil
+			}
+			// Every session tool acts for the calling client (see identity.go).
+			ctx, err = asClient(ctx)
+			if err != nil {
+				return mcpgo.NewToolResultError(err.Error()), nil
 			}
 			if t.name == "list_sessions" { // reads only the server's own table
 				return handle(h, ctx, args)
@@ -199,7 +204,7 @@ func (h *handler) createSession(ctx context.Context, args map[string]json.RawMes
 	if err != nil {
 		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	spec := sandbox.SessionSpec{Language: lang}
+	spec := sandbox.SessionSpec{Language: lang, Owner: sandbox.OwnerFrom(ctx)}
 	if raw, ok := args["timeout_seconds"]; ok {
 		var seconds float64
 		if err := json.Unmarshal(raw, &seconds); err != nil {
@@ -230,7 +235,7 @@ func (h *handler) closeSession(ctx context.Context, args map[string]json.RawMess
 }
 
 func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	infos := h.cfg.Sessions.ListSessions()
+	infos := ownSessions(h.cfg.Sessions, sandbox.OwnerFrom(ctx))
 	var b strings.Builder
 	if len(infos) == 0 {
 		b.WriteString("no live sessions")
