@@ -135,22 +135,7 @@ func TestSessionsBelongToTheirClient(t *testing.T) {
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 8}
 	srv := NewServer(Config{Runner: &fakeRunner{}, Sessions: sessions, Environment: env, Logger: quietLogger()})
-	connect := func() *client.Client {
-		c, err := client.NewInProcessClient(srv)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		if err := c.Start(t.Context()); err != nil {
-			t.Fatal(err)
-		}
-		var init mcpgo.InitializeRequest
-		init.Params.ClientInfo = mcpgo.Implementation{Name: "t", Version: "0"}
-		if _, err := c.Initialize(t.Context(), init); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
+	connect := func() *client.Client { return startClient(t, transport.NewInProcessTransport(srv)) }
 	victim, attacker := connect(), connect()
 
 	res := callTool(t, victim, "create_session", map[string]any{"language": "python"})
@@ -291,12 +276,9 @@ const modern = mcpgo.ProtocolVersion20260728
 // modernMeta is the _meta of a 2026-07-28 request.
 const modernMeta = `"_meta":{"` + mcpgo.MetaKeyProtocolVersion + `":"` + modern + `","` + mcpgo.MetaKeyClientInfo + `":{"name":"attacker","version":"1"},"` + mcpgo.MetaKeyClientCapabilities + `":{}}`
 
-func httpClient(t *testing.T, url string, opts ...client.ClientOption) *client.Client {
+// startClient starts a client on tr and initializes it.
+func startClient(t *testing.T, tr transport.Interface, opts ...client.ClientOption) *client.Client {
 	t.Helper()
-	tr, err := transport.NewStreamableHTTP(url)
-	if err != nil {
-		t.Fatal(err)
-	}
 	c := client.NewClient(tr, opts...)
 	t.Cleanup(func() { c.Close() })
 	if err := c.Start(t.Context()); err != nil {
@@ -308,6 +290,15 @@ func httpClient(t *testing.T, url string, opts ...client.ClientOption) *client.C
 		t.Fatalf("initialize: %v", err)
 	}
 	return c
+}
+
+func httpClient(t *testing.T, url string, opts ...client.ClientOption) *client.Client {
+	t.Helper()
+	tr, err := transport.NewStreamableHTTP(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startClient(t, tr, opts...)
 }
 
 // A second HTTP client cannot cancel the first one's call: neither from a
@@ -406,16 +397,8 @@ func TestProtocolVersions(t *testing.T) {
 				stdio.SetErrorLogger(nil)
 				_ = stdio.Listen(ctx, inR, outW)
 			}()
-			c := client.NewClient(transport.NewIO(outR, inW, io.NopCloser(strings.NewReader(""))), client.WithProtocolVersion(v))
-			t.Cleanup(func() { stop(); inW.Close(); outW.Close(); c.Close(); <-served })
-			if err := c.Start(t.Context()); err != nil {
-				t.Fatal(err)
-			}
-			var init mcpgo.InitializeRequest
-			init.Params.ClientInfo = mcpgo.Implementation{Name: "t", Version: "0"}
-			if _, err := c.Initialize(t.Context(), init); err != nil {
-				t.Fatalf("initialize at %s: %v", v, err)
-			}
+			t.Cleanup(func() { stop(); inW.Close(); outW.Close(); <-served })
+			c := startClient(t, transport.NewIO(outR, inW, io.NopCloser(strings.NewReader(""))), client.WithProtocolVersion(v))
 			works(t, c, v)
 		})
 	}
