@@ -90,11 +90,15 @@ func (h *handler) endClient(ctx context.Context, s server.ClientSession) {
 	}
 	owner := ownerOf(s.SessionID())
 	ctx = sandbox.WithOwner(context.WithoutCancel(ctx), owner)
+	var wg sync.WaitGroup
 	for _, info := range ownSessions(h.cfg.Sessions, owner) {
-		if err := h.cfg.Sessions.CloseSession(ctx, info.ID); err != nil && !errors.Is(err, sandbox.ErrNoSession) {
-			h.cfg.Logger.Error("close the session of a departed client", "session", info.ID, "err", err)
-		}
+		wg.Go(func() {
+			if err := h.cfg.Sessions.CloseSession(ctx, info.ID); err != nil && !errors.Is(err, sandbox.ErrNoSession) {
+				h.cfg.Logger.Error("close the session of a departed client", "session", info.ID, "err", err)
+			}
+		})
 	}
+	wg.Wait()
 }
 
 // checkRequestID is an OnRequestInitialization hook refusing JSON-RPC ids
