@@ -49,11 +49,12 @@ func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// refused (404), as the protocol asks. Idle sessions expire. The session
 	// is the client's identity (see identity.go), so only the versions that
 	// have one are spoken.
+	ids := &sessionIDs{}
 	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
-		server.WithSessionIdManager(&sessionIDs{}), server.WithSessionIdleTTL(sessionIdleTTL),
+		server.WithSessionIdManager(ids), server.WithSessionIdleTTL(sessionIdleTTL),
 		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...))
 	mux := http.NewServeMux()
-	mux.Handle(HTTPPath, guard(cfg, streamable))
+	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(streamable)))
 	if cfg.Metrics != nil {
 		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"reflect"
 	"sync"
 
@@ -173,4 +174,26 @@ func (m *sessionIDs) Terminate(id string) (isNotAllowed bool, err error) {
 	defer m.mu.Unlock()
 	delete(m.live, id)
 	return false, nil
+}
+
+// streamsNeedASession refuses a GET (the notification stream) or DELETE
+// that does not name a live session. mcp-go v1.2.1 checks neither: a GET
+// without an ID mints one, kept live for good, and a GET with any ID
+// registers a protocol session under it.
+func (m *sessionIDs) streamsNeedASession(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		legacy := !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) // modern ones get 405 from mcp-go
+		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && legacy {
+			id := r.Header.Get(server.HeaderKeySessionID)
+			if id == "" {
+				http.Error(w, r.Method+" needs the "+server.HeaderKeySessionID+" header that initialize returned", http.StatusBadRequest)
+				return
+			}
+			if _, err := m.Validate(id); err != nil {
+				http.Error(w, "unknown or ended MCP session: initialize again", http.StatusNotFound)
+				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }

@@ -403,3 +403,48 @@ func TestProtocolVersions(t *testing.T) {
 		})
 	}
 }
+
+// The notification stream (GET) and DELETE need a live session: mcp-go
+// would otherwise mint a session for a GET without one, never to forget
+// it, and register one under any ID a GET names.
+func TestStreamsNeedASession(t *testing.T) {
+	srv := httptest.NewServer(HTTPHandler(NewServer(Config{Runner: &fakeRunner{}, Environment: testEnv(), Logger: quietLogger()}), HTTPConfig{}))
+	t.Cleanup(srv.Close)
+	url := srv.URL + HTTPPath
+	c := httpClient(t, url)
+	live := c.GetTransport().(*transport.StreamableHTTP).GetSessionId()
+	send := func(method, id string) int {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel() // ends a stream that was opened
+		req, _ := http.NewRequestWithContext(ctx, method, url, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		if id != "" {
+			req.Header.Set("Mcp-Session-Id", id)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", method, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	made := "mcp-" + strings.Repeat("0", 32)
+	for _, tc := range []struct {
+		method, id string
+		want       int
+	}{
+		{http.MethodGet, "", http.StatusBadRequest},
+		{http.MethodGet, made, http.StatusNotFound},
+		{http.MethodDelete, made, http.StatusNotFound},
+		{http.MethodGet, live, http.StatusOK},
+		{http.MethodDelete, live, http.StatusOK},
+		{http.MethodGet, live, http.StatusNotFound}, // ended
+	} {
+		if got := send(tc.method, tc.id); got != tc.want {
+			t.Errorf("%s with session %q: %d, want %d", tc.method, tc.id, got, tc.want)
+		}
+	}
+	if code, body := post(t, url, live, mcpgo.LATEST_LEGACY_PROTOCOL_VERSION, `{"jsonrpc":"2.0","id":9,"method":"ping"}`); code != http.StatusNotFound {
+		t.Errorf("ping in a deleted session: %d %s", code, body)
+	}
+}
