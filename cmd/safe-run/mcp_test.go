@@ -591,7 +591,7 @@ func TestMCPSessions(t *testing.T) {
 // session that created it; when that ends (the client's DELETE), so does
 // the sandbox session, and a new connection finds no such session.
 func TestMCPSessionEndsWithItsConnection(t *testing.T) {
-	ts := startServer(t, "http")
+	ts := startServer(t, "http", "--pool=") // the session's are the only sandboxes
 	_, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
 	id, _ := info["session_id"].(string)
 	ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "cd /tmp; V=kept"})
