@@ -56,11 +56,15 @@ type HTTPConfig struct {
 //   - and the limits of limitHTTP apply: slow bodies, unread responses.
 func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// Stateful: a session the server never issued, or one that ended, is
-	// refused (404), as the protocol asks. Idle sessions expire.
+	// refused (404), as the protocol asks. Idle sessions expire. The session
+	// is the client's identity (see identity.go), so only the versions that
+	// have one are spoken.
+	ids := &sessionIDs{}
 	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
-		server.WithStateful(true), server.WithSessionIdleTTL(sessionIdleTTL))
+		server.WithSessionIdManager(ids), server.WithSessionIdleTTL(sessionIdleTTL),
+		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...))
 	mux := http.NewServeMux()
-	mux.Handle(HTTPPath, guard(cfg, streamable))
+	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(streamable)))
 	if cfg.Metrics != nil {
 		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
 	}

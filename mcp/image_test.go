@@ -95,3 +95,6 @@ func TestEnvironmentListsImages(t *testing.T) {
 
 // unusedSessions offers sessions to a server whose test never reaches them.
 type unusedSessions struct{ sandbox.Sessions }
+
+// ListSessions lists none: a departing client's sessions are looked up.
+func (unusedSessions) ListSessions() []sandbox.SessionInfo { return nil }

@@ -58,6 +58,14 @@ func NewServer(cfg Config) *server.MCPServer {
 		_, _, hi := cfg.Policy.Limits()
 		cfg.MaxTimeout = hi.Timeout
 	}
+	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
+	hooks := &server.Hooks{
+		OnBeforeCallTool:        []server.OnBeforeCallToolFunc{stampRequestID},
+		OnRequestInitialization: []server.OnRequestInitializationFunc{checkRequestID},
+	}
+	if cfg.Sessions != nil {
+		hooks.AddOnUnregisterSession(h.endClient)
+	}
 	s := server.NewMCPServer("safe-run", cfg.Version,
 		server.WithTitle("safe-run"),
 		server.WithDescription("Runs Python, Node and Bash code in isolated gVisor sandboxes"),
@@ -66,9 +74,8 @@ func NewServer(cfg Config) *server.MCPServer {
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithRecovery(),
-		server.WithHooks(&server.Hooks{OnBeforeCallTool: []server.OnBeforeCallToolFunc{stampRequestID}}),
+		server.WithHooks(hooks),
 	)
-	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
 	s.AddTool(runCodeTool(cfg.Environment, cfg.MaxTimeout), h.runCode)
 	if cfg.Sessions != nil {
 		h.addSessionTools(s)
@@ -130,7 +137,10 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 
 	var res sandbox.Result
 	if sessionID != "" {
-		res, err = h.cfg.Sessions.RunInSession(ctx, sessionID, job)
+		var client context.Context
+		if client, err = asClient(ctx); err == nil {
+			res, err = h.cfg.Sessions.RunInSession(client, sessionID, job)
+		}
 	} else {
 		res, err = h.cfg.Runner.Run(ctx, job)
 	}

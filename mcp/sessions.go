@@ -56,7 +56,7 @@ func sessionTools(env Environment) []sessionTool {
 		},
 		{
 			name:        "list_sessions",
-			description: "List the live sessions: id, language, calls, and when each expires.",
+			description: "List your live sessions (those this connection created): id, language, calls, and when each expires.",
 			input:       `{"type": "object", "properties": {}}`,
 			annotations: hints(true, false, true),
 			handle:      (*handler).listSessions,
@@ -118,6 +118,11 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 			}
 			if err != nil {
 				return mcpgo.NewToolResultError(argErrorText(err)), nil
+			}
+			// Every session tool acts for the calling client (see identity.go).
+			ctx, err = asClient(ctx)
+			if err != nil {
+				return mcpgo.NewToolResultError(err.Error()), nil
 			}
 			if t.name == "list_sessions" { // reads only the server's own table
 				return handle(h, ctx, args)
@@ -202,7 +207,7 @@ func (h *handler) createSession(ctx context.Context, args map[string]json.RawMes
 	if err != nil {
 		return mcpgo.NewToolResultError(argErrorText(err)), nil
 	}
-	spec := sandbox.SessionSpec{Language: lang}
+	spec := sandbox.SessionSpec{Language: lang, Owner: sandbox.OwnerFrom(ctx)}
 	if raw, ok := args["timeout_seconds"]; ok {
 		var seconds float64
 		if err := json.Unmarshal(raw, &seconds); err != nil {
@@ -233,7 +238,7 @@ func (h *handler) closeSession(ctx context.Context, args map[string]json.RawMess
 }
 
 func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	infos := h.cfg.Sessions.ListSessions()
+	infos := ownSessions(h.cfg.Sessions, sandbox.OwnerFrom(ctx))
 	var b strings.Builder
 	if len(infos) == 0 {
 		b.WriteString("no live sessions")

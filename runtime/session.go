@@ -51,6 +51,7 @@ var _ sandbox.Sessions = (*Runtime)(nil)
 // session is one long-lived sandbox with a persistent interpreter.
 type session struct {
 	id     string
+	owner  string // sandbox.SessionSpec.Owner: only calls acting for it find the session
 	lang   sandbox.Language
 	limits sandbox.Limits // of the session's sandbox, and defaults of its calls
 
@@ -90,7 +91,7 @@ func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) 
 		return sandbox.SessionInfo{}, &sandbox.InputError{Field: "language", Msg: fmt.Sprintf("%q %v", lang.Name, sandbox.ErrSessionsUnsupported)}
 	}
 	t := rt.table()
-	s := &session{id: "session-" + uuid.NewString()[:13], lang: lang, limits: job.Limits, created: time.Now()}
+	s := &session{id: "session-" + uuid.NewString()[:13], owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now()}
 	s.lastUsed.Store(s.created.UnixNano())
 	t.mu.Lock()
 	if len(t.m) >= t.cfg.MaxSessions {
@@ -124,13 +125,14 @@ func (rt *Runtime) startSessionSandbox(ctx context.Context, s *session) error {
 	return nil
 }
 
-// lookup finds a live session.
-func (rt *Runtime) lookup(id string) (*session, error) {
+// lookup finds a live session of the owner ctx acts for; another owner's
+// session is reported exactly as an unknown one.
+func (rt *Runtime) lookup(ctx context.Context, id string) (*session, error) {
 	t := rt.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
-	if !ok || s.closed.Load() {
+	if !ok || s.closed.Load() || s.owner != sandbox.OwnerFrom(ctx) {
 		return nil, fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
 	return s, nil
@@ -139,7 +141,7 @@ func (rt *Runtime) lookup(id string) (*session, error) {
 // call runs f with the session's sandbox, one call at a time, starting a
 // new sandbox if the last one died.
 func (rt *Runtime) call(ctx context.Context, id string, f func(s *session) error) error {
-	s, err := rt.lookup(id)
+	s, err := rt.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -163,7 +165,7 @@ func (rt *Runtime) call(ctx context.Context, id string, f func(s *session) error
 
 // RunInSession runs job's code in the session's interpreter.
 func (rt *Runtime) RunInSession(ctx context.Context, id string, job sandbox.Job) (sandbox.Result, error) {
-	s, err := rt.lookup(id)
+	s, err := rt.lookup(ctx, id)
 	if err != nil {
 		return sandbox.Result{}, err
 	}
@@ -251,7 +253,7 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 
 // WriteFiles writes files into the session's workspace.
 func (rt *Runtime) WriteFiles(ctx context.Context, id string, files []sandbox.File) error {
-	s, err := rt.lookup(id)
+	s, err := rt.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -347,7 +349,10 @@ func (rt *Runtime) CloseSession(ctx context.Context, id string) error {
 	t := rt.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
-	delete(t.m, id)
+	ok = ok && s.owner == sandbox.OwnerFrom(ctx)
+	if ok {
+		delete(t.m, id)
+	}
 	t.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
@@ -412,7 +417,7 @@ func (rt *Runtime) info(s *session) sandbox.SessionInfo {
 	if end := s.created.Add(cfg.MaxLifetime); end.Before(expires) {
 		expires = end
 	}
-	return sandbox.SessionInfo{ID: s.id, Language: s.lang.Name, Created: s.created, LastUsed: last,
+	return sandbox.SessionInfo{ID: s.id, Owner: s.owner, Language: s.lang.Name, Created: s.created, LastUsed: last,
 		ExpiresAt: expires, Calls: int(s.calls.Load())}
 }
 

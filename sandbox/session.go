@@ -10,6 +10,11 @@ import (
 // interpreter: variables, imports and files survive from one call to the
 // next. Implementations are safe for concurrent use; calls on one session
 // run one at a time.
+//
+// A session belongs to the client that created it: spec.Owner. Every call
+// naming a session acts for the owner in its context (see WithOwner), and a
+// session of another owner is reported exactly as an unknown one
+// (ErrNoSession), so that its ID, even leaked, is of no use to anyone else.
 type Sessions interface {
 	// CreateSession starts a session for spec.Language.
 	CreateSession(ctx context.Context, spec SessionSpec) (SessionInfo, error)
@@ -24,13 +29,17 @@ type Sessions interface {
 	ListFiles(ctx context.Context, id, dir string) ([]OutputFile, error)
 	// CloseSession ends the session and frees everything it held.
 	CloseSession(ctx context.Context, id string) error
-	// ListSessions describes the live sessions.
+	// ListSessions describes the live sessions of every owner; callers
+	// show a client only those whose Owner it is.
 	ListSessions() []SessionInfo
 }
 
 // SessionSpec asks for a session.
 type SessionSpec struct {
 	Language string
+	// Owner identifies the client the session belongs to (see WithOwner);
+	// it is an opaque label, never a credential.
+	Owner string
 	// Limits apply to the whole session (memory, processes, CPU, workspace)
 	// and, for Timeout and OutputBytes, to each call that sets none.
 	Limits Limits
@@ -38,7 +47,9 @@ type SessionSpec struct {
 
 // SessionInfo describes a session.
 type SessionInfo struct {
-	ID       string    `json:"session_id"`
+	ID string `json:"session_id"`
+	// Owner is the session's SessionSpec.Owner; clients are not shown it.
+	Owner    string    `json:"-"`
 	Language string    `json:"language"`
 	Created  time.Time `json:"created"`
 	LastUsed time.Time `json:"last_used"`
@@ -46,6 +57,20 @@ type SessionInfo struct {
 	// or at the latest (maximum lifetime).
 	ExpiresAt time.Time `json:"expires_at"`
 	Calls     int       `json:"calls"`
+}
+
+type ownerKey struct{}
+
+// WithOwner returns ctx acting for owner: the session calls given it reach
+// only the sessions whose Owner is owner.
+func WithOwner(ctx context.Context, owner string) context.Context {
+	return context.WithValue(ctx, ownerKey{}, owner)
+}
+
+// OwnerFrom returns the owner ctx acts for; "" if none was set.
+func OwnerFrom(ctx context.Context) string {
+	owner, _ := ctx.Value(ownerKey{}).(string)
+	return owner
 }
 
 // ErrNoSession is returned for a session ID that is unknown, closed or

@@ -569,21 +569,26 @@ func TestMCPSessions(t *testing.T) {
 	}
 }
 
-// TestMCPSessionOutlivesConnection: sessions belong to the server, so a
-// new HTTP connection can use a session made by an earlier one.
-func TestMCPSessionOutlivesConnection(t *testing.T) {
-	ts := startServer(t, "http")
+// TestMCPSessionEndsWithItsConnection: a session belongs to the MCP
+// session that created it; when that ends (the client's DELETE), so does
+// the sandbox session, and a new connection finds no such session.
+func TestMCPSessionEndsWithItsConnection(t *testing.T) {
+	ts := startServer(t, "http", "--pool=") // the session's are the only sandboxes
 	_, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
 	id, _ := info["session_id"].(string)
 	ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "cd /tmp; V=kept"})
+	if len(sandboxProcesses(ts.stateDir)) == 0 {
+		t.Fatal("the session has no sandbox processes")
+	}
 	url := ts.url
 	ts.client.Close()
+	waitUntil(t, 30*time.Second, func() bool { return len(sandboxProcesses(ts.stateDir)) == 0 })
 
 	c := connectHTTP(t, url, "second")
 	defer c.Close()
 	ts.client = c
-	if res, out := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo $PWD $V"}); out["stdout"] != "/tmp kept\n" {
-		t.Errorf("from a new connection: %v %s", out, text(res))
+	if res, _ := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo $PWD $V"}); !res.IsError || !strings.Contains(text(res), "no such session") {
+		t.Errorf("from a new connection: %s", text(res))
 	}
 }
 
