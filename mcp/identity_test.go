@@ -44,7 +44,7 @@ func (f *ownedSessions) CreateSession(ctx context.Context, spec sandbox.SessionS
 		f.m = map[string]sandbox.SessionInfo{}
 	}
 	f.n++
-	info := sandbox.SessionInfo{ID: fmt.Sprintf("session-%d", f.n), Owner: spec.Owner, Language: spec.Language}
+	info := sandbox.SessionInfo{ID: fmt.Sprintf("session-%08x", f.n), Owner: spec.Owner, Language: spec.Language}
 	f.m[info.ID] = info
 	return info, nil
 }
@@ -149,10 +149,10 @@ func TestSessionsBelongToTheirClient(t *testing.T) {
 	if got := listedSessions(t, victim); len(got) != 1 {
 		t.Errorf("the owner's list_sessions shows %v, want its one session", got)
 	}
-	unknown := sessionCalls("session-999")
+	unknown := sessionCalls("session-00000999")
 	for i, call := range sessionCalls(info.ID) {
 		res := callTool(t, attacker, call.tool, call.args)
-		want := strings.ReplaceAll(firstText(t, callTool(t, attacker, unknown[i].tool, unknown[i].args)), "session-999", info.ID)
+		want := strings.ReplaceAll(firstText(t, callTool(t, attacker, unknown[i].tool, unknown[i].args)), "session-00000999", info.ID)
 		if got := firstText(t, res); !res.IsError || got != want {
 			t.Errorf("%s on another client's session: %q; want what an unknown session gets, %q", call.tool, got, want)
 		}
@@ -209,7 +209,7 @@ func TestSessionToolsNeedAProtocolSession(t *testing.T) {
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 8}
 	s := NewServer(Config{Runner: &fakeRunner{}, Sessions: sessions, Environment: env, Logger: quietLogger()})
-	for _, call := range append(sessionCalls("session-1")[:1], struct {
+	for _, call := range append(sessionCalls("session-00000001")[:1], struct {
 		tool string
 		args map[string]any
 	}{"create_session", map[string]any{"language": "python"}}) {
