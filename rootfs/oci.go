@@ -74,6 +74,9 @@ func (s Store) importImage(ctx context.Context, name string, img v1.Image, sourc
 }
 
 func (s Store) flatten(ctx context.Context, key string, img v1.Image, source string, opts ImportOptions) (Image, error) {
+	if err := checkImage(img, opts.Limits); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", source, err)
+	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: read the image configuration: %w", source, err)
@@ -115,7 +118,7 @@ func (s Store) flatten(ctx context.Context, key string, img v1.Image, source str
 			}{pr, rc}, nil
 		}
 	}
-	stats, err := ExtractLayers(rootDir, opts.Limits, opens)
+	stats, err := ExtractLayersContext(ctx, rootDir, opts.Limits, opens)
 	if err == nil {
 		err = ctx.Err() // a cancelled download may look like a short layer
 	}
@@ -148,6 +151,9 @@ func (s Store) Pull(ctx context.Context, name, ref string, opts ImportOptions) (
 	img, err := remote.Image(r, remote.WithContext(ctx), remote.WithAuthFromKeychain(authn.DefaultKeychain),
 		remote.WithPlatform(Platform), remote.WithTransport(counter))
 	if err != nil {
+		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
+	}
+	if err := checkManifestConfig(img); err != nil {
 		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	if progress := opts.Progress; progress != nil {
@@ -284,6 +290,9 @@ func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img 
 		if len(m[0].RepoTags) > 0 {
 			tag = m[0].RepoTags[0]
 		}
+		if err := checkDockerConfig(opener, m[0].Config); err != nil {
+			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
+		}
 		img, err := tarball.Image(opener, nil)
 		if err != nil {
 			return nil, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
@@ -321,6 +330,9 @@ func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img 
 		}
 	}
 	img, err = onlyImage(idx)
+	if err == nil {
+		err = checkManifestConfig(img)
+	}
 	if err != nil {
 		return nil, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
 	}
@@ -396,6 +408,7 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 		if name == "" {
 			name = DefaultName
 		}
+		opts.Context = ctx
 		return s.Import(name, file, opts)
 	}
 	if opts.Key != "" {
