@@ -187,7 +187,8 @@ func (x *extractor) archive(r io.Reader, layered bool) error {
 			return fmt.Errorf("extract: read archive: %w", err)
 		}
 		if err := x.entry(hdr, tr); err != nil {
-			return fmt.Errorf("extract %q: %w", hdr.Name, err)
+			// At most 200 bytes of the name: PAX names may be huge.
+			return fmt.Errorf("extract %.200q: %w", hdr.Name, err)
 		}
 	}
 }
