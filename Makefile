@@ -83,7 +83,7 @@ bench: deps build runsc rootfs
 # run would otherwise stall the run for a minute each.
 FUZZTIME ?= 10s
 FUZZ_TARGETS := sandbox:FuzzCheckPath sandbox:FuzzPolicyCheck mcp:FuzzRunCodeArgs mcp:FuzzSessionToolArgs \
-	agent:FuzzWorkspacePaths rootfs:FuzzExtract
+	agent:FuzzWorkspacePaths rootfs:FuzzExtract rootfs:FuzzImageConfig
 FUZZ_TARGETS += mcp:FuzzEscapeName
 fuzz:
 	@set -e; tmp=$$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \

@@ -163,21 +163,32 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 }
 
 // environment is the sandbox's environment: the base one with the image's
-// variables over it.
+// variables over it. An image variable replaces the base's first of that
+// name, or is appended; a later one of the image's replaces an earlier. An
+// index of names keeps this linear in the entries: an image may list
+// hundreds.
 func environment(cfg Config) []string {
 	env := slices.Clone(cfg.Env)
 	if env == nil {
 		env = slices.Clone(DefaultEnv)
+	}
+	at := make(map[string]int, len(env)+len(cfg.ImageEnv))
+	for i, kv := range env {
+		if name, _, ok := strings.Cut(kv, "="); ok {
+			if _, seen := at[name]; !seen {
+				at[name] = i
+			}
+		}
 	}
 	for _, kv := range cfg.ImageEnv {
 		name, _, ok := strings.Cut(kv, "=")
 		if !ok || name == "" || name == "HOME" || name == "TMPDIR" {
 			continue
 		}
-		i := slices.IndexFunc(env, func(e string) bool { return strings.HasPrefix(e, name+"=") })
-		if i >= 0 {
+		if i, seen := at[name]; seen {
 			env[i] = kv
 		} else {
+			at[name] = len(env)
 			env = append(env, kv)
 		}
 	}

@@ -432,6 +432,12 @@ func TestBuildEnv(t *testing.T) {
 			[]string{"PATH=/bin", "A=c", "B=d=e"}},
 		{"image over default", nil, []string{"PATH=/opt/conda/bin:/usr/bin"},
 			append([]string{"PATH=/opt/conda/bin:/usr/bin"}, bundle.DefaultEnv[1:]...)},
+		{"last of the image wins, in the first one's place", []string{"A=1"}, []string{"B=1", "A=2", "B=2", "A=3"},
+			[]string{"A=3", "B=2"}},
+		{"first of the base replaced, later ones kept", []string{"A=1", "X", "A=2"}, []string{"A=3", "X=4"},
+			[]string{"A=3", "X", "A=2", "X=4"}},
+		{"names are whole", []string{"AB=1", "A=2"}, []string{"A=3", "A_B=4"},
+			[]string{"AB=1", "A=3", "A_B=4"}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			cfg := testConfig

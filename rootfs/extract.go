@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"compress/gzip"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -23,12 +24,33 @@ type ExtractLimits struct {
 	MaxFileBytes int64
 	// MaxEntries caps the number of entries.
 	MaxEntries int
+	// MaxDepth caps the components of an entry's path: every entry costs
+	// a walk of its path, so depth costs quadratic time.
+	MaxDepth int
+	// MaxLayers caps the layers of an image.
+	MaxLayers int
 }
 
 // DefaultExtractLimits suit a full distribution image with a data-science
-// stack (the default image is about 1.2 GiB in 45,000 entries) and keep a
-// hostile archive from filling the disk.
-var DefaultExtractLimits = ExtractLimits{MaxBytes: 8 << 30, MaxFileBytes: 2 << 30, MaxEntries: 2_000_000}
+// stack (the default image is about 1.2 GiB in 45,000 entries, its deepest
+// path 17 components) and keep a hostile archive from filling the disk or
+// the CPU. Docker's overlay storage stops at 128 layers, so no image that
+// Docker runs has more than MaxLayers.
+var DefaultExtractLimits = ExtractLimits{MaxBytes: 8 << 30, MaxFileBytes: 2 << 30, MaxEntries: 2_000_000,
+	MaxDepth: 128, MaxLayers: 256}
+
+// maxPathBytes caps an entry's path and a link's target: PATH_MAX, beyond
+// which programs cannot name the file anyway (tar's PAX headers allow
+// names of up to a megabyte).
+const maxPathBytes = 4096
+
+// maxTrailingBytes is how much a compressed archive or an image layer may
+// hold after its end marker: tar pads archives to a record (10 KiB by
+// default, a few blocking factors more), and reading that padding to the
+// end lets the decompressor and the layer's digest check see the whole
+// stream. More is refused, not decompressed: it would cost the CPU for
+// nothing.
+const maxTrailingBytes = 1 << 20
 
 func (l ExtractLimits) withDefaults() ExtractLimits {
 	if l.MaxBytes <= 0 {
@@ -36,6 +58,12 @@ func (l ExtractLimits) withDefaults() ExtractLimits {
 	}
 	if l.MaxEntries <= 0 {
 		l.MaxEntries = DefaultExtractLimits.MaxEntries
+	}
+	if l.MaxDepth <= 0 {
+		l.MaxDepth = DefaultExtractLimits.MaxDepth
+	}
+	if l.MaxLayers <= 0 {
+		l.MaxLayers = DefaultExtractLimits.MaxLayers
 	}
 	if l.MaxFileBytes <= 0 || l.MaxFileBytes > l.MaxBytes {
 		l.MaxFileBytes = l.MaxBytes
@@ -64,12 +92,18 @@ type ExtractStats struct {
 //   - device nodes, fifos and sockets are skipped;
 //   - setuid and setgid bits are stripped, and extended attributes (file
 //     capabilities among them) are not written;
-//   - sizes and entry counts are capped.
+//   - sizes, entry counts and path depths are capped, and at most
+//     maxTrailingBytes after the archive's end are read.
 //
 // Ownership is kept when running as root. A failed extraction leaves dst in
 // an unspecified state; callers extract into a temporary directory.
 func Extract(r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error) {
-	x, err := newExtractor(dst, limits)
+	return ExtractContext(context.Background(), r, dst, limits)
+}
+
+// ExtractContext is Extract, stopped with ctx's error once ctx is done.
+func ExtractContext(ctx context.Context, r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error) {
+	x, err := newExtractor(ctx, dst, limits)
 	if err != nil {
 		return ExtractStats{}, err
 	}
@@ -87,11 +121,20 @@ func Extract(r io.Reader, dst string, limits ExtractLimits) (ExtractStats, error
 // together. Each element of layers opens one layer's uncompressed tar
 // stream.
 func ExtractLayers(dst string, limits ExtractLimits, layers []func() (io.ReadCloser, error)) (ExtractStats, error) {
-	x, err := newExtractor(dst, limits)
+	return ExtractLayersContext(context.Background(), dst, limits, layers)
+}
+
+// ExtractLayersContext is ExtractLayers, stopped with ctx's error once ctx
+// is done.
+func ExtractLayersContext(ctx context.Context, dst string, limits ExtractLimits, layers []func() (io.ReadCloser, error)) (ExtractStats, error) {
+	x, err := newExtractor(ctx, dst, limits)
 	if err != nil {
 		return ExtractStats{}, err
 	}
 	defer x.root.Close()
+	if err := checkLayerCount(len(layers), x.limits); err != nil {
+		return *x.stats, err
+	}
 	for i, open := range layers {
 		layer, err := open()
 		if err != nil {
@@ -108,17 +151,17 @@ func ExtractLayers(dst string, limits ExtractLimits, layers []func() (io.ReadClo
 	return *x.stats, x.finishDirs()
 }
 
-func newExtractor(dst string, limits ExtractLimits) (*extractor, error) {
+func newExtractor(ctx context.Context, dst string, limits ExtractLimits) (*extractor, error) {
 	root, err := os.OpenRoot(dst)
 	if err != nil {
 		return nil, fmt.Errorf("extract: %w", err)
 	}
-	return &extractor{root: root, limits: limits.withDefaults(), stats: &ExtractStats{}, chown: os.Geteuid() == 0}, nil
+	return &extractor{ctx: ctx, root: root, limits: limits.withDefaults(), stats: &ExtractStats{}, chown: os.Geteuid() == 0}, nil
 }
 
 // archive unpacks one tar stream; layered applies whiteouts.
 func (x *extractor) archive(r io.Reader, layered bool) error {
-	br := bufio.NewReaderSize(r, 1<<20)
+	br := bufio.NewReaderSize(contextReader{x.ctx, r}, 1<<20)
 	var src io.Reader = br
 	if magic, _ := br.Peek(2); len(magic) == 2 && magic[0] == 0x1f && magic[1] == 0x8b {
 		zr, err := gzip.NewReader(br)
@@ -126,7 +169,7 @@ func (x *extractor) archive(r io.Reader, layered bool) error {
 			return fmt.Errorf("extract: %w", err)
 		}
 		defer zr.Close()
-		src = zr
+		src = contextReader{x.ctx, zr}
 	}
 	x.layer = nil
 	if layered {
@@ -136,23 +179,22 @@ func (x *extractor) archive(r io.Reader, layered bool) error {
 	for {
 		hdr, err := tr.Next()
 		if errors.Is(err, io.EOF) {
-			// Read the compressed stream to its end, so that its checksum
-			// and length are verified.
-			if _, err := io.Copy(io.Discard, src); err != nil {
-				return fmt.Errorf("extract: read archive: %w", err)
-			}
-			return nil
+			// A plain archive's padding costs no more to read than the
+			// file's own size; decompressed padding can cost any amount.
+			return readTrailer(src, layered || src != io.Reader(br))
 		}
 		if err != nil {
 			return fmt.Errorf("extract: read archive: %w", err)
 		}
 		if err := x.entry(hdr, tr); err != nil {
-			return fmt.Errorf("extract %q: %w", hdr.Name, err)
+			// At most 200 bytes of the name: PAX names may be huge.
+			return fmt.Errorf("extract %.200q: %w", hdr.Name, err)
 		}
 	}
 }
 
 type extractor struct {
+	ctx    context.Context
 	root   *os.Root
 	limits ExtractLimits
 	stats  *ExtractStats
@@ -197,8 +239,14 @@ func cleanName(name string) (string, error) {
 }
 
 func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
+	if err := x.ctx.Err(); err != nil {
+		return err
+	}
 	name, err := cleanName(hdr.Name)
 	if err != nil {
+		return err
+	}
+	if err := checkPath(name, hdr.Linkname, x.limits); err != nil {
 		return err
 	}
 	if x.stats.Entries+x.stats.Skipped >= x.limits.MaxEntries {

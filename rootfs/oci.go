@@ -112,6 +112,9 @@ func (s Store) importImage(ctx context.Context, name string, img v1.Image, src i
 
 func (s Store) flatten(ctx context.Context, key string, img v1.Image, src imageSource, opts ImportOptions) (Image, error) {
 	source := src.source
+	if err := checkImage(img, opts.Limits); err != nil {
+		return Image{}, fmt.Errorf("import %s: %w", source, err)
+	}
 	cf, err := img.ConfigFile()
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: read the image configuration: %w", source, err)
@@ -163,7 +166,7 @@ func (s Store) flatten(ctx context.Context, key string, img v1.Image, src imageS
 			}{pr, rc}, nil
 		}
 	}
-	stats, err := ExtractLayers(rootDir, opts.Limits, opens)
+	stats, err := ExtractLayersContext(ctx, rootDir, opts.Limits, opens)
 	if err == nil {
 		err = ctx.Err() // a cancelled download may look like a short layer
 	}
@@ -227,6 +230,9 @@ func (s Store) Pull(ctx context.Context, name, ref string, opts ImportOptions) (
 		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
 	} else if d != desc.Digest {
 		src.digests = append(src.digests, d)
+	}
+	if err := checkManifestConfig(img); err != nil {
+		return Image{}, fmt.Errorf("pull %s: %w", ref, err)
 	}
 	if progress := opts.Progress; progress != nil {
 		m, err := img.Manifest()
@@ -368,6 +374,9 @@ func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img 
 		}
 		// No manifest digest: docker save keeps none, so no digest-pinned
 		// name can be given to its image.
+		if err := checkDockerConfig(opener, m[0].Config); err != nil {
+			return nil, src, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
+		}
 		img, err := tarball.Image(opener, nil)
 		if err != nil {
 			return nil, src, "", done, fmt.Errorf("read docker archive %s: %w", file, err)
@@ -411,6 +420,9 @@ func (s Store) openImageArchive(file, format string, limits ExtractLimits) (img 
 		}
 	}
 	img, src.digests, err = l.image(m, 0)
+	if err == nil {
+		err = checkManifestConfig(img)
+	}
 	if err != nil {
 		return nil, src, "", done, fmt.Errorf("read OCI layout %s: %w", file, err)
 	}
@@ -459,6 +471,7 @@ func (s Store) ImportFile(ctx context.Context, name, file string, opts ImportOpt
 		if name == "" {
 			name = DefaultName
 		}
+		opts.Context = ctx
 		return s.Import(name, file, opts)
 	}
 	if opts.Key != "" {

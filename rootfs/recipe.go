@@ -49,7 +49,7 @@ func (s Store) BuildDefault(ctx context.Context, opts ImportOptions, log io.Writ
 	} else {
 		fmt.Fprintf(log, "reusing archive %s\n", archive)
 	}
-	opts.Key = key
+	opts.Key, opts.Context = key, ctx
 	opts.Replace = true // building the default image is asking to replace it
 	img, err = s.Import(DefaultName, archive, opts)
 	return img, true, err

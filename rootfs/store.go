@@ -5,6 +5,7 @@
 package rootfs
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -220,6 +221,9 @@ type ImportOptions struct {
 	// Replace lets the import point a name that points to another
 	// complete image at this one; without it that is refused.
 	Replace bool
+	// Context, if set, stops an import of a root file system archive once
+	// done (ImportImage, Pull and ImportFile take their own).
+	Context context.Context
 	// Progress, if set, is called as the archive is read or the image's
 	// layers are downloaded, with bytes done and the total (0 when not
 	// known in advance).
@@ -284,7 +288,7 @@ func (s Store) extract(name, archivePath string, opts ImportOptions) (Image, err
 	if opts.Progress != nil {
 		r = &progressReader{r: r, total: fi.Size(), report: opts.Progress}
 	}
-	stats, err := Extract(r, rootDir, limits)
+	stats, err := ExtractContext(opts.context(), r, rootDir, limits)
 	if err != nil {
 		return Image{}, fmt.Errorf("import %s: %w", archivePath, err)
 	}
@@ -609,12 +613,13 @@ func (s Store) image(key string) (Image, error) {
 		return Image{}, fmt.Errorf("invalid image key %q", key)
 	}
 	dir := filepath.Join(s.dir(), "images", key)
-	data, err := os.ReadFile(filepath.Join(dir, "image.json"))
-	if err != nil {
+	img, err := readMetadata(filepath.Join(dir, "image.json"))
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
 		return Image{}, fmt.Errorf("image %s is incomplete or missing: %w", key, err)
-	}
-	var img Image
-	if err := json.Unmarshal(data, &img); err != nil || img.Key != key {
+	case err != nil:
+		return Image{}, fmt.Errorf("image %s has corrupt metadata: %w", key, err)
+	case img.Key != key:
 		return Image{}, fmt.Errorf("image %s has corrupt metadata; re-import it", key)
 	}
 	img.Root = filepath.Join(dir, "rootfs")
