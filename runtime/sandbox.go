@@ -52,6 +52,9 @@ type sandboxProc struct {
 
 	start  time.Time
 	phases []any // slog attributes: milliseconds from start to each phase
+
+	destroyOnce sync.Once
+	destroyErr  error
 }
 
 // mark records that the sandbox reached a phase, for debug logs.
@@ -356,8 +359,14 @@ func (p *sandboxProc) runscLogTail() string {
 // destroy removes every trace of the sandbox: its processes, the null
 // network namespace mount runsc leaves under its root, the state directory
 // and the cgroup. It runs whatever happened before, and reports what it
-// could not remove.
+// could not remove. Only the first call does the work (and counts the
+// sandbox gone); later ones wait for it and report the same.
 func (p *sandboxProc) destroy() error {
+	p.destroyOnce.Do(func() { p.destroyErr = p.remove() })
+	return p.destroyErr
+}
+
+func (p *sandboxProc) remove() error {
 	if p.cmd != nil {
 		if p.stdin != nil {
 			p.stdin.Close() // a session's agent sees EOF and exits
