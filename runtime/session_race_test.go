@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime/pprof"
@@ -25,7 +26,7 @@ const closeWhileBootingTries = 150
 
 // liveOnHost counts what sandboxes left on the host below the runtime's
 // state directory: run directories and processes naming them.
-func liveOnHost(rt *Runtime) (dirs, procs int) {
+func liveOnHost(rt *Runtime) (dirs int, procs []string) {
 	entries, _ := os.ReadDir(rt.cfg.StateDir)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "safe-run-") {
@@ -34,7 +35,8 @@ func liveOnHost(rt *Runtime) (dirs, procs int) {
 	}
 	for _, p := range listProcs() {
 		if cmdline, err := os.ReadFile(p); err == nil && bytes.Contains(cmdline, []byte(rt.cfg.StateDir+"/")) {
-			procs++
+			stat, _ := os.ReadFile(strings.TrimSuffix(p, "cmdline") + "stat")
+			procs = append(procs, fmt.Sprintf("%s (%s)", bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}), stat))
 		}
 	}
 	return dirs, procs
@@ -86,7 +88,7 @@ func TestCloseWhileBooting(t *testing.T) {
 				ids = append(ids, s.ID)
 			}
 		}
-		time.Sleep(time.Duration(rand.Int64N(int64(boot * 6 / 5))))
+		time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
 		var wg sync.WaitGroup
 		for _, id := range ids {
 			wg.Add(1)
@@ -114,9 +116,9 @@ func TestCloseWhileBooting(t *testing.T) {
 		// Both calls have returned: every sandbox must be gone.
 		live := rt.LiveSandboxes()
 		dirs, procs := liveOnHost(rt)
-		if live != 0 || dirs != 0 || procs != 0 {
-			t.Fatalf("try %d (closed %s into a %s start): %d sandboxes outlive their sessions: the runtime counts %d live, %d run directories and %d sandbox processes are left",
-				try, "up to "+(boot*6/5).Round(time.Millisecond).String(), boot.Round(time.Millisecond), max(live, dirs), live, dirs, procs)
+		if live != 0 || dirs != 0 || len(procs) != 0 {
+			t.Fatalf("try %d (closed up to %s into a %s start): %d sandboxes outlive their sessions: the runtime counts %d live, %d run directories and %d sandbox processes are left:\n%s",
+				try, boot*3/2, boot.Round(time.Millisecond), max(live, dirs), live, dirs, len(procs), strings.Join(procs, "\n"))
 		}
 	}
 	t.Logf("%d sessions closed while they started, %d after (start takes %s)", duringBoot, afterBoot, boot.Round(time.Millisecond))

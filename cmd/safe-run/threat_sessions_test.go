@@ -139,7 +139,7 @@ func TestThreatSessionClosedWhileBooting(t *testing.T) {
 		for deadline := time.Now().Add(10 * time.Second); len(ids) < 2 && time.Now().Before(deadline); {
 			ids = listedSessions(t, closer)
 		}
-		time.Sleep(time.Duration(rand.Int64N(int64(boot * 6 / 5))))
+		time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
 		var wg sync.WaitGroup
 		for _, id := range ids {
 			wg.Add(1)
