@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -132,6 +133,9 @@ func TestSoak(t *testing.T) {
 		done     atomic.Int64
 		rssMid   int64
 	)
+	// Beside the mix, sessions closed by a second client while they start.
+	race := startSoakSessionRace(t, url, stateDir)
+
 	start := time.Now()
 	jobs := make(chan int)
 	var workers sync.WaitGroup
@@ -160,6 +164,7 @@ func TestSoak(t *testing.T) {
 	close(jobs)
 	workers.Wait()
 	wall := time.Since(start)
+	race.stop(t)
 	time.Sleep(2 * time.Second) // let the last cgroup removals finish
 	rssAfter, hwmAfter := rss(pid)
 	close(stop)
@@ -185,6 +190,7 @@ func TestSoak(t *testing.T) {
 		runs, wall.Round(time.Millisecond), float64(runs)/wall.Seconds(), concurrency, peak.Load(), len(seen))
 	t.Logf("soak summary: by status: %s", strings.Join(statuses, ", "))
 	t.Logf("soak summary: failures %d, leftovers %d", len(failures), len(left))
+	t.Logf("soak summary: session race: %d rounds, %d sessions closed while they started, %d after", race.rounds, race.duringBoot, race.afterBoot)
 	t.Logf("soak summary: server RSS before %s, at half-way %s, after %s; peak RSS (VmHWM) before %s, after %s",
 		mib(rssBefore), mib(rssMid), mib(rssAfter), mib(hwmBefore), mib(hwmAfter))
 
@@ -262,3 +268,126 @@ func soakCall(c *client.Client, k soakKind) (status, problem string) {
 var idPattern = regexp.MustCompile(`/(safe-run-[0-9a-f]{8}-[0-9a-f-]{27})`)
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// soakSessionRace creates sessions on one connection and closes them from
+// another at random points of their start, round after round, until
+// stopped; then it checks that no sandbox outlives its session.
+type soakSessionRace struct {
+	url, stateDir                 string
+	creator, closer               *client.Client
+	quit, done                    chan struct{}
+	rounds, duringBoot, afterBoot int
+	problems                      []string
+}
+
+func startSoakSessionRace(t *testing.T, url, stateDir string) *soakSessionRace {
+	r := &soakSessionRace{url: url, stateDir: stateDir, quit: make(chan struct{}), done: make(chan struct{}),
+		creator: connectHTTP(t, url, "soak-sessions"), closer: connectHTTP(t, url, "soak-closer")}
+	go r.run()
+	return r
+}
+
+func (r *soakSessionRace) run() {
+	defer close(r.done)
+	bash := map[string]any{"language": "bash"}
+	boot := time.Second // until measured
+	for {
+		select {
+		case <-r.quit:
+			return
+		default:
+		}
+		start := time.Now()
+		created := make(chan string, 2)
+		for range 2 {
+			go func() {
+				res, _, err := callTool(r.creator, "create_session", bash)
+				switch {
+				case err != nil:
+					created <- "call error: " + err.Error()
+				case res.IsError:
+					created <- text(res)
+				default:
+					created <- ""
+				}
+			}()
+		}
+		var ids []string
+		for deadline := time.Now().Add(10 * time.Second); len(ids) < 2 && time.Now().Before(deadline); {
+			ids = soakListed(r.closer)
+		}
+		time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
+		for _, id := range ids {
+			if res, _, err := callTool(r.closer, "close_session", map[string]any{"session_id": id}); err != nil || res.IsError && !strings.Contains(text(res), "no such session") {
+				r.problems = append(r.problems, fmt.Sprintf("close_session %s: %v %s", id, err, resultText(res)))
+			}
+		}
+		for range 2 {
+			switch msg := <-created; {
+			case msg == "":
+				r.afterBoot++
+			case strings.Contains(msg, "closed while its sandbox started"), strings.Contains(msg, "no such session"):
+				r.duringBoot++
+			default:
+				r.problems = append(r.problems, "create_session: "+msg)
+			}
+		}
+		if r.rounds == 0 {
+			boot = max(time.Since(start), 100*time.Millisecond)
+		}
+		r.rounds++
+	}
+}
+
+// soakListed returns the session IDs list_sessions shows.
+func soakListed(c *client.Client) []string {
+	_, out, err := callTool(c, "list_sessions", map[string]any{})
+	if err != nil {
+		return nil
+	}
+	var ids []string
+	list, _ := out["sessions"].([]any)
+	for _, s := range list {
+		if m, ok := s.(map[string]any); ok {
+			id, _ := m["session_id"].(string)
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// stop ends the race, opens one session as a record, checks that the
+// sandboxes outside the warm pool are exactly the sessions listed, and
+// closes the record.
+func (r *soakSessionRace) stop(t *testing.T) {
+	t.Helper()
+	close(r.quit)
+	<-r.done
+	defer r.creator.Close()
+	defer r.closer.Close()
+	for _, p := range r.problems {
+		t.Errorf("session race: %s", p)
+	}
+	res, record, err := callTool(r.creator, "create_session", map[string]any{"language": "bash"})
+	if err != nil || res.IsError {
+		t.Errorf("session race: a session after the race: %v %s", err, resultText(res))
+	}
+	defer callTool(r.creator, "close_session", map[string]any{"session_id": record["session_id"]})
+	// The mix's last one-shot sandboxes may still be being removed.
+	var listed, dirs []string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		listed, dirs = soakListed(r.closer), nil
+		for _, e := range stateEntries(r.stateDir) {
+			if _, err := os.Stat(filepath.Join(r.stateDir, e, "pooled")); err != nil {
+				dirs = append(dirs, e)
+			}
+		}
+		if len(dirs) == len(listed) {
+			break
+		}
+	}
+	if len(dirs) != len(listed) {
+		t.Errorf("session race: %d sandboxes outside the warm pool (%v) for %d sessions listed (%v): a sandbox outlives its session",
+			len(dirs), dirs, len(listed), listed)
+	}
+}
