@@ -11,7 +11,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -269,19 +268,17 @@ var idPattern = regexp.MustCompile(`/(safe-run-[0-9a-f]{8}-[0-9a-f-]{27})`)
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
-// soakSessionRace creates sessions on one connection and closes them from
-// another at random points of their start, round after round, until
-// stopped; then it checks that no sandbox outlives its session.
+// soakSessionRace makes rounds of closeWhileBooting until stopped; then it
+// checks that no sandbox outlives its session.
 type soakSessionRace struct {
-	url, stateDir                 string
-	creator, closer               *client.Client
-	quit, done                    chan struct{}
-	rounds, duringBoot, afterBoot int
-	problems                      []string
+	stateDir        string
+	creator, closer *client.Client
+	quit, done      chan struct{}
+	raceTally
 }
 
 func startSoakSessionRace(t *testing.T, url, stateDir string) *soakSessionRace {
-	r := &soakSessionRace{url: url, stateDir: stateDir, quit: make(chan struct{}), done: make(chan struct{}),
+	r := &soakSessionRace{stateDir: stateDir, quit: make(chan struct{}), done: make(chan struct{}),
 		creator: connectHTTP(t, url, "soak-sessions"), closer: connectHTTP(t, url, "soak-closer")}
 	go r.run()
 	return r
@@ -289,71 +286,19 @@ func startSoakSessionRace(t *testing.T, url, stateDir string) *soakSessionRace {
 
 func (r *soakSessionRace) run() {
 	defer close(r.done)
-	bash := map[string]any{"language": "bash"}
-	boot := time.Second // until measured
+	boot, err := sessionStart(r.creator)
+	if err != nil {
+		r.problems = append(r.problems, err.Error())
+		return
+	}
 	for {
 		select {
 		case <-r.quit:
 			return
 		default:
 		}
-		start := time.Now()
-		created := make(chan string, 2)
-		for range 2 {
-			go func() {
-				res, _, err := callTool(r.creator, "create_session", bash)
-				switch {
-				case err != nil:
-					created <- "call error: " + err.Error()
-				case res.IsError:
-					created <- text(res)
-				default:
-					created <- ""
-				}
-			}()
-		}
-		var ids []string
-		for deadline := time.Now().Add(10 * time.Second); len(ids) < 2 && time.Now().Before(deadline); {
-			ids = soakListed(r.closer)
-		}
-		time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
-		for _, id := range ids {
-			if res, _, err := callTool(r.closer, "close_session", map[string]any{"session_id": id}); err != nil || res.IsError && !strings.Contains(text(res), "no such session") {
-				r.problems = append(r.problems, fmt.Sprintf("close_session %s: %v %s", id, err, resultText(res)))
-			}
-		}
-		for range 2 {
-			switch msg := <-created; {
-			case msg == "":
-				r.afterBoot++
-			case strings.Contains(msg, "closed while its sandbox started"), strings.Contains(msg, "no such session"):
-				r.duringBoot++
-			default:
-				r.problems = append(r.problems, "create_session: "+msg)
-			}
-		}
-		if r.rounds == 0 {
-			boot = max(time.Since(start), 100*time.Millisecond)
-		}
-		r.rounds++
+		closeWhileBooting(r.creator, r.closer, boot, &r.raceTally)
 	}
-}
-
-// soakListed returns the session IDs list_sessions shows.
-func soakListed(c *client.Client) []string {
-	_, out, err := callTool(c, "list_sessions", map[string]any{})
-	if err != nil {
-		return nil
-	}
-	var ids []string
-	list, _ := out["sessions"].([]any)
-	for _, s := range list {
-		if m, ok := s.(map[string]any); ok {
-			id, _ := m["session_id"].(string)
-			ids = append(ids, id)
-		}
-	}
-	return ids
 }
 
 // stop ends the race, opens one session as a record, checks that the
@@ -376,7 +321,8 @@ func (r *soakSessionRace) stop(t *testing.T) {
 	// The mix's last one-shot sandboxes may still be being removed.
 	var listed, dirs []string
 	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		listed, dirs = soakListed(r.closer), nil
+		listed, _ = listedSessions(r.closer)
+		dirs = nil
 		for _, e := range stateEntries(r.stateDir) {
 			if _, err := os.Stat(filepath.Join(r.stateDir, e, "pooled")); err != nil {
 				dirs = append(dirs, e)

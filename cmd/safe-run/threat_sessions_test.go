@@ -10,6 +10,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -49,11 +51,13 @@ func resultText(res *mcpgo.CallToolResult) string {
 }
 
 // listedSessions returns the IDs list_sessions shows on c.
-func listedSessions(t *testing.T, c *client.Client) []string {
-	t.Helper()
+func listedSessions(c *client.Client) ([]string, error) {
 	res, out, err := callTool(c, "list_sessions", map[string]any{})
-	if err != nil || res.IsError {
-		t.Fatalf("list_sessions: %v %s", err, resultText(res))
+	if err == nil && res.IsError {
+		err = errors.New(text(res))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list_sessions: %w", err)
 	}
 	var ids []string
 	list, _ := out["sessions"].([]any)
@@ -63,7 +67,87 @@ func listedSessions(t *testing.T, c *client.Client) []string {
 			ids = append(ids, id)
 		}
 	}
-	return ids
+	return ids, nil
+}
+
+// sessionStart measures how long a session takes to start through the
+// server, creating and closing one: the race spreads its closes over it.
+func sessionStart(c *client.Client) (time.Duration, error) {
+	start := time.Now()
+	res, info, err := callTool(c, "create_session", map[string]any{"language": "bash"})
+	if err == nil && res.IsError {
+		err = errors.New(text(res))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("create_session: %w", err)
+	}
+	boot := time.Since(start)
+	if res, _, err := callTool(c, "close_session", map[string]any{"session_id": info["session_id"]}); err != nil || res.IsError {
+		return 0, fmt.Errorf("close_session: %v %s", err, resultText(res))
+	}
+	return boot, nil
+}
+
+// raceTally counts how the closes of closeWhileBooting landed.
+type raceTally struct {
+	rounds, duringBoot, afterBoot int
+	problems                      []string
+}
+
+// closeWhileBooting makes one round of the race: two create_session calls
+// at once on creator; closer finds the sessions in list_sessions and closes
+// them at a random point of up to one and a half start times. It returns
+// once every call has.
+func closeWhileBooting(creator, closer *client.Client, boot time.Duration, tally *raceTally) {
+	created := make(chan string, 2)
+	for range 2 {
+		go func() {
+			res, _, err := callTool(creator, "create_session", map[string]any{"language": "bash"})
+			switch {
+			case err != nil:
+				created <- "call error: " + err.Error()
+			case res.IsError:
+				created <- text(res)
+			default:
+				created <- ""
+			}
+		}()
+	}
+	var ids []string
+	for deadline := time.Now().Add(10 * time.Second); len(ids) < 2 && time.Now().Before(deadline); {
+		var err error
+		if ids, err = listedSessions(closer); err != nil {
+			tally.problems = append(tally.problems, err.Error())
+			break
+		}
+	}
+	time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, id := range ids {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, _, err := callTool(closer, "close_session", map[string]any{"session_id": id})
+			if err != nil || res.IsError && !strings.Contains(text(res), "no such session") {
+				mu.Lock()
+				tally.problems = append(tally.problems, fmt.Sprintf("close_session %s: %v %s", id, err, resultText(res)))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	for range 2 {
+		switch msg := <-created; {
+		case msg == "":
+			tally.afterBoot++
+		case strings.Contains(msg, "closed while its sandbox started"), strings.Contains(msg, "no such session"):
+			tally.duringBoot++
+		default:
+			tally.problems = append(tally.problems, "create_session: "+msg)
+		}
+	}
+	tally.rounds++
 }
 
 // watchRunIDs records the run directories that appear in stateDir until the
@@ -105,83 +189,37 @@ func TestThreatSessionClosedWhileBooting(t *testing.T) {
 	closer := connectHTTP(t, ts.url, "closer")
 	defer closer.Close()
 	seen := watchRunIDs(t, ts.stateDir)
-	bash := map[string]any{"language": "bash"}
 
-	// How long a start takes through the server: the closes are spread
-	// over it.
-	start := time.Now()
-	res, info, err := callTool(creator, "create_session", bash)
-	if err != nil || res.IsError {
-		t.Fatalf("create_session: %v %s", err, resultText(res))
+	boot, err := sessionStart(creator)
+	if err != nil {
+		t.Fatal(err)
 	}
-	boot := time.Since(start)
-	if res, _, err := callTool(creator, "close_session", map[string]any{"session_id": info["session_id"]}); err != nil || res.IsError {
-		t.Fatalf("close_session: %v %s", err, resultText(res))
-	}
-
-	var duringBoot, afterBoot int
+	var tally raceTally
 	for round := range closeWhileBootingRounds {
-		created := make(chan string, 2)
-		for range 2 { // two calls at once on the creator's connection
-			go func() {
-				res, _, err := callTool(creator, "create_session", bash)
-				switch {
-				case err != nil:
-					created <- "call error: " + err.Error()
-				case res.IsError:
-					created <- text(res)
-				default:
-					created <- ""
-				}
-			}()
+		closeWhileBooting(creator, closer, boot, &tally)
+		for _, p := range tally.problems {
+			t.Errorf("round %d: %s", round, p)
 		}
-		var ids []string
-		for deadline := time.Now().Add(10 * time.Second); len(ids) < 2 && time.Now().Before(deadline); {
-			ids = listedSessions(t, closer)
-		}
-		time.Sleep(time.Duration(rand.Int64N(int64(boot * 3 / 2))))
-		var wg sync.WaitGroup
-		for _, id := range ids {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				res, _, err := callTool(closer, "close_session", map[string]any{"session_id": id})
-				if err != nil || res.IsError && !strings.Contains(text(res), "no such session") {
-					t.Errorf("round %d: close_session %s: %v %s", round, id, err, resultText(res))
-				}
-			}()
-		}
-		wg.Wait()
-		for range 2 {
-			switch msg := <-created; {
-			case msg == "":
-				afterBoot++
-			case strings.Contains(msg, "closed while its sandbox started"), strings.Contains(msg, "no such session"):
-				duringBoot++
-			default:
-				t.Errorf("round %d: create_session: %s", round, msg)
-			}
-		}
-		// Both calls have returned and list_sessions shows nothing: no
+		tally.problems = nil
+		// Every call has returned and list_sessions shows nothing: no
 		// sandbox may be left.
-		if listed := listedSessions(t, closer); len(listed) != 0 {
-			t.Fatalf("round %d: list_sessions shows %v after every session was closed", round, listed)
+		listed, err := listedSessions(closer)
+		if err != nil || len(listed) != 0 {
+			t.Fatalf("round %d: list_sessions shows %v (%v) after every session was closed", round, listed, err)
 		}
 		if dirs, procs := stateEntries(ts.stateDir), sandboxProcesses(ts.stateDir); len(dirs) != 0 || len(procs) != 0 {
 			t.Fatalf("round %d: list_sessions shows no session, but %d sandboxes live on (run directories %v, %d sandbox processes)",
 				round, len(dirs), dirs, len(procs))
 		}
 	}
-	t.Logf("%d sessions closed while they started, %d after (a start takes %s here)", duringBoot, afterBoot, boot.Round(time.Millisecond))
-	if duringBoot < closeWhileBootingRounds/5 {
-		t.Errorf("only %d of %d closes landed during the start: the case did not test it", duringBoot, 2*closeWhileBootingRounds)
+	t.Logf("%d sessions closed while they started, %d after (a start takes %s here)", tally.duringBoot, tally.afterBoot, boot.Round(time.Millisecond))
+	if tally.duringBoot < closeWhileBootingRounds/5 {
+		t.Errorf("only %d of %d closes landed during the start: the case did not test it", tally.duringBoot, 2*closeWhileBootingRounds)
 	}
 	// The slots are free again, and nothing is left: processes, mounts,
 	// cgroups.
-	res, info, err = callTool(creator, "create_session", bash)
-	if err != nil || res.IsError {
-		t.Fatalf("create_session after the rounds: %v %s", err, resultText(res))
+	if _, err := sessionStart(creator); err != nil {
+		t.Fatalf("a session after the rounds: %v", err)
 	}
-	callTool(creator, "close_session", map[string]any{"session_id": info["session_id"]})
 	assertNoLeftovers(t, testCgroupParents(t), seen(), ts.stateDir)
 }
