@@ -90,9 +90,11 @@ type session struct {
 
 	mu sync.Mutex // held by the boot and by each call: one at a time
 
-	stMu  sync.Mutex // guards state, proc and why
+	// stMu guards state and why, and proc whenever the state changes; in
+	// between, the owner the state names uses proc alone.
+	stMu  sync.Mutex
 	state sessionState
-	proc  *sandboxProc // the live sandbox, if any; owned as state says
+	proc  *sandboxProc // the live sandbox, if any
 	why   string       // why it was closed, for OnEnd; "" if it never began
 
 	// reportLost says the sandbox died outside a cell (in a file
