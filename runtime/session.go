@@ -528,7 +528,7 @@ func (rt *Runtime) endSession(s *session, p *sandboxProc) {
 	t.mu.Lock()
 	delete(t.m, s.id)
 	t.mu.Unlock()
-	close(s.gone)
+	defer close(s.gone) // after OnEnd: a closer that returns finds the end reported
 	if s.why == "" {
 		return // it never began: its creator hears why
 	}

@@ -189,7 +189,7 @@ func TestSoak(t *testing.T) {
 		runs, wall.Round(time.Millisecond), float64(runs)/wall.Seconds(), concurrency, peak.Load(), len(seen))
 	t.Logf("soak summary: by status: %s", strings.Join(statuses, ", "))
 	t.Logf("soak summary: failures %d, leftovers %d", len(failures), len(left))
-	t.Logf("soak summary: session race: %d rounds, %d sessions closed while they started, %d after", race.rounds, race.duringBoot, race.afterBoot)
+	t.Logf("soak summary: session race: %d rounds, %d sessions closed while they started, %d after (%d audit records)", race.rounds, race.duringBoot, race.afterBoot, race.auditRecords())
 	t.Logf("soak summary: server RSS before %s, at half-way %s, after %s; peak RSS (VmHWM) before %s, after %s",
 		mib(rssBefore), mib(rssMid), mib(rssAfter), mib(hwmBefore), mib(hwmAfter))
 
@@ -291,6 +291,7 @@ func (r *soakSessionRace) run() {
 		r.problems = append(r.problems, err.Error())
 		return
 	}
+	r.calls, r.closed = r.calls+2, r.closed+1
 	for {
 		select {
 		case <-r.quit:
@@ -317,6 +318,7 @@ func (r *soakSessionRace) stop(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Errorf("session race: a session after the race: %v %s", err, resultText(res))
 	}
+	r.calls, r.closed = r.calls+2, r.closed+1 // with the close below
 	defer callTool(r.creator, "close_session", map[string]any{"session_id": record["session_id"]})
 	// The mix's last one-shot sandboxes may still be being removed.
 	var listed, dirs []string

@@ -88,11 +88,17 @@ func sessionStart(c *client.Client) (time.Duration, error) {
 	return boot, nil
 }
 
-// raceTally counts how the closes of closeWhileBooting landed.
+// raceTally counts how the closes of closeWhileBooting landed, and the
+// calls it made that a server's audit log records: every create_session
+// and close_session answered, and the end of every session it closed.
 type raceTally struct {
 	rounds, duringBoot, afterBoot int
+	calls, closed                 int
 	problems                      []string
 }
+
+// auditRecords is how many records the race's calls add to an audit log.
+func (r *raceTally) auditRecords() int { return r.calls + r.closed }
 
 // closeWhileBooting makes one round of the race: two create_session calls
 // at once on creator; closer finds the sessions in list_sessions and closes
@@ -129,16 +135,26 @@ func closeWhileBooting(creator, closer *client.Client, boot time.Duration, tally
 		go func() {
 			defer wg.Done()
 			res, _, err := callTool(closer, "close_session", map[string]any{"session_id": id})
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				tally.calls++
+				if !res.IsError {
+					tally.closed++
+				}
+			}
 			if err != nil || res.IsError && !strings.Contains(text(res), "no such session") {
-				mu.Lock()
 				tally.problems = append(tally.problems, fmt.Sprintf("close_session %s: %v %s", id, err, resultText(res)))
-				mu.Unlock()
 			}
 		}()
 	}
 	wg.Wait()
 	for range 2 {
-		switch msg := <-created; {
+		msg := <-created
+		if !strings.HasPrefix(msg, "call error: ") {
+			tally.calls++
+		}
+		switch {
 		case msg == "":
 			tally.afterBoot++
 		case strings.Contains(msg, "closed while its sandbox started"), strings.Contains(msg, "no such session"):
