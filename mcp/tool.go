@@ -54,6 +54,7 @@ type runCodeOutput struct {
 	Message         string         `json:"message,omitempty"`
 	Files           []outputFile   `json:"files"`
 	Cached          bool           `json:"cached,omitempty"`
+	StateLost       bool           `json:"state_lost,omitempty"`
 }
 
 type outputFile struct {
@@ -86,6 +87,7 @@ const outputSchema = `{
     "memory_peak_bytes": {"type": "integer", "description": "peak memory of the sandbox, 0 if unknown"},
     "message": {"type": "string", "description": "why the status is not ok"},
     "cached": {"type": "boolean", "description": "the result of an earlier identical call, reused; nothing ran"},
+    "state_lost": {"type": "boolean", "description": "in a session: its interpreter or sandbox was restarted, and variables and imports of earlier calls are gone (message says whether files are too)"},
     "files": {"type": "array", "description": "files the program wrote to /workspace/out",
       "items": {"type": "object",
         "properties": {
@@ -313,7 +315,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 		Stdout: res.Stdout, Stderr: res.Stderr,
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
-		Files: []outputFile{}, Cached: res.Cached,
+		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost,
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
@@ -388,6 +390,9 @@ func renderText(o runCodeOutput) string {
 	}
 	if o.Cached {
 		b.WriteString("(the result of an earlier identical call, reused)\n")
+	}
+	if o.StateLost && o.Status == sandbox.StatusOK {
+		b.WriteString("(the session's state was lost before this call: variables and imports of earlier calls are gone)\n")
 	}
 	if o.Stdout != "" {
 		b.WriteString("\nstdout:\n" + withNewline(textExcerpt(o.Stdout, "stdout")))

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +54,9 @@ type sandboxProc struct {
 
 	start  time.Time
 	phases []any // slog attributes: milliseconds from start to each phase
+
+	destroyOnce sync.Once
+	destroyErr  error
 }
 
 // mark records that the sandbox reached a phase, for debug logs.
@@ -356,8 +361,14 @@ func (p *sandboxProc) runscLogTail() string {
 // destroy removes every trace of the sandbox: its processes, the null
 // network namespace mount runsc leaves under its root, the state directory
 // and the cgroup. It runs whatever happened before, and reports what it
-// could not remove.
+// could not remove. Only the first call does the work (and counts the
+// sandbox gone); later ones wait for it and report the same.
 func (p *sandboxProc) destroy() error {
+	p.destroyOnce.Do(func() { p.destroyErr = p.remove() })
+	return p.destroyErr
+}
+
+func (p *sandboxProc) remove() error {
 	if p.cmd != nil {
 		if p.stdin != nil {
 			p.stdin.Close() // a session's agent sees EOF and exits
@@ -376,6 +387,9 @@ func (p *sandboxProc) destroy() error {
 		errs = append(errs, err)
 	}
 	p.rt.removeCgroup(p.id, p.cg)
+	if p.rt.cgroups.Mode == CgroupsNone {
+		p.awaitStragglers(5 * time.Second)
+	}
 	if p.lock != nil {
 		p.lock.Close()
 	}
@@ -383,6 +397,43 @@ func (p *sandboxProc) destroy() error {
 	p.rt.liveN.Add(-1)
 	p.rt.live.Done()
 	return errors.Join(errs...)
+}
+
+// awaitStragglers waits, for at most d, until no process names the run's
+// directory, killing those that do. Without a cgroup nothing else tells
+// when the sandbox is gone: runsc's children die of their parent-death
+// signal once runsc is killed, but a large one takes a moment to exit.
+func (p *sandboxProc) awaitStragglers(d time.Duration) {
+	mark := []byte(p.dir + "/")
+	for deadline := time.Now().Add(d); ; time.Sleep(10 * time.Millisecond) {
+		pids := processesNaming(mark)
+		if len(pids) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			p.rt.log.Error("sandbox processes did not exit after SIGKILL", "id", p.id, "pids", pids)
+			return
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// processesNaming returns the processes whose command line holds mark.
+func processesNaming(mark []byte) []int {
+	entries, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && bytes.Contains(cmdline, mark) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // cleanRunDir force-deletes the container under a run directory if runsc

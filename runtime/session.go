@@ -2,15 +2,17 @@ package runtime
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/google/uuid"
 
 	"github.com/safe-run/safe-run/agent"
 	"github.com/safe-run/safe-run/sandbox"
@@ -48,6 +50,38 @@ const fileOpTimeout = 30 * time.Second
 
 var _ sandbox.Sessions = (*Runtime)(nil)
 
+// sessionState is where a session is in its life. It changes only through
+// session.move, which refuses a move its table does not allow, so that every
+// path agrees on who owns the session's sandbox: the boot while booting,
+// the call while busy, and whoever closes it otherwise.
+type sessionState int
+
+const (
+	sessionBooting sessionState = iota // its first sandbox is starting
+	sessionReady                       // idle, with a live sandbox
+	sessionBusy                        // a call holds it, and may start a sandbox
+	sessionLost                        // idle, its sandbox died; the next call starts another
+	sessionClosed                      // refuses calls; leaves the table once its sandbox is gone
+)
+
+var sessionStateNames = [...]string{"booting", "ready", "busy", "lost", "closed"}
+
+func (st sessionState) String() string {
+	if int(st) < len(sessionStateNames) {
+		return sessionStateNames[st]
+	}
+	return fmt.Sprintf("state %d", int(st))
+}
+
+// sessionMoves are the allowed transitions.
+var sessionMoves = map[sessionState][]sessionState{
+	sessionBooting: {sessionReady, sessionClosed},
+	sessionReady:   {sessionBusy, sessionClosed},
+	sessionBusy:    {sessionReady, sessionLost, sessionClosed},
+	sessionLost:    {sessionBusy, sessionClosed},
+	sessionClosed:  nil,
+}
+
 // session is one long-lived sandbox with a persistent interpreter.
 type session struct {
 	id     string
@@ -55,33 +89,80 @@ type session struct {
 	lang   sandbox.Language
 	limits sandbox.Limits // of the session's sandbox, and defaults of its calls
 
-	mu        sync.Mutex   // one call at a time
-	proc      *sandboxProc // nil once its sandbox died; the next call starts another
-	stateLost bool         // the sandbox died since the last call: say so in the next
+	mu sync.Mutex // held by the boot and by each call: one at a time
+
+	// stMu guards state and why, and proc whenever the state changes; in
+	// between, the owner the state names uses proc alone.
+	stMu  sync.Mutex
+	state sessionState
+	proc  *sandboxProc // the live sandbox, if any
+	why   string       // why it was closed, for OnEnd; "" if it never began
+
+	// reportLost says the sandbox died outside a cell (in a file
+	// operation): the next cell says its state was lost. Guarded by mu.
+	reportLost bool
+
+	ctx    context.Context // ends when the session is closed, cancelling its boot or call
+	cancel context.CancelFunc
+	gone   chan struct{} // closed once its sandbox is destroyed and it left the table
 
 	created  time.Time
 	lastUsed atomic.Int64 // unix nanoseconds
 	calls    atomic.Int64
-	busy     atomic.Bool
-	closed   atomic.Bool
+}
+
+// move changes the session's state, or says why it cannot. stMu is held.
+func (s *session) move(to sessionState) error {
+	if !slices.Contains(sessionMoves[s.state], to) {
+		return fmt.Errorf("session %s: cannot go from %s to %s", s.id, s.state, to)
+	}
+	s.state = to
+	return nil
+}
+
+// current returns the session's state.
+func (s *session) current() sessionState {
+	s.stMu.Lock()
+	defer s.stMu.Unlock()
+	return s.state
+}
+
+// bind returns a context that ends with ctx or when the session closes.
+func (s *session) bind(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 type sessionTable struct {
 	cfg     SessionConfig
 	mu      sync.Mutex
-	m       map[string]*session
+	m       map[string]*session // every session whose sandbox is not yet gone
+	closed  bool                // the runtime is shutting down: no new sessions
 	janitor sync.Once
+	stop    chan struct{} // closed by CloseSessions: the janitor returns
+	stopped chan struct{} // closed when the janitor has returned (or never started)
+	stopMu  sync.Once
 }
 
 func (rt *Runtime) table() *sessionTable {
 	rt.sessionsOnce.Do(func() {
-		rt.sessions = &sessionTable{cfg: rt.cfg.Sessions.withDefaults(), m: map[string]*session{}}
+		rt.sessions = &sessionTable{cfg: rt.cfg.Sessions.withDefaults(), m: map[string]*session{},
+			stop: make(chan struct{}), stopped: make(chan struct{})}
 	})
 	return rt.sessions
 }
 
+// newSessionID returns an unguessable session ID: 128 random bits.
+func newSessionID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return "session-" + hex.EncodeToString(b[:])
+}
+
 // CreateSession starts a session: its sandbox, with the agent waiting for
-// cells. The interpreter itself starts with the first call.
+// cells. The interpreter itself starts with the first call. Closing the
+// session while it starts cancels the start.
 func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
 	job, lang, err := rt.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits})
 	if err != nil {
@@ -91,38 +172,59 @@ func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) 
 		return sandbox.SessionInfo{}, &sandbox.InputError{Field: "language", Msg: fmt.Sprintf("%q %v", lang.Name, sandbox.ErrSessionsUnsupported)}
 	}
 	t := rt.table()
-	s := &session{id: "session-" + uuid.NewString()[:13], owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now()}
+	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now(), gone: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lastUsed.Store(s.created.UnixNano())
+	s.mu.Lock() // calls wait for the boot
+	defer s.mu.Unlock()
 	t.mu.Lock()
-	if len(t.m) >= t.cfg.MaxSessions {
+	switch {
+	case t.closed:
+		t.mu.Unlock()
+		return sandbox.SessionInfo{}, errors.New("the server is shutting down; no new sessions")
+	case len(t.m) >= t.cfg.MaxSessions:
 		t.mu.Unlock()
 		return sandbox.SessionInfo{}, fmt.Errorf("%w (the limit is %d)", sandbox.ErrTooManySessions, t.cfg.MaxSessions)
 	}
-	t.m[s.id] = s // reserve the place while the sandbox starts
+	t.m[s.id] = s // the place counts from now until the sandbox is gone
 	t.mu.Unlock()
 	t.janitor.Do(func() { go rt.expireSessions() })
 
-	if err := rt.startSessionSandbox(ctx, s); err != nil {
-		t.mu.Lock()
-		delete(t.m, s.id)
-		t.mu.Unlock()
-		return sandbox.SessionInfo{}, err
+	bootCtx, done := s.bind(ctx)
+	p, err := rt.startSessionSandbox(bootCtx, lang.Name, job.Limits)
+	done()
+	s.stMu.Lock()
+	switch {
+	case s.state == sessionClosed:
+		err = fmt.Errorf("session %q was closed while its sandbox started: %w", s.id, sandbox.ErrNoSession)
+	case err == nil:
+		if err = s.move(sessionReady); err == nil {
+			s.proc = p
+			s.stMu.Unlock()
+			rt.log.Info("session created", "session", s.id, "language", lang.Name, "sandbox", p.id)
+			return rt.info(s), nil
+		}
+	default:
+		_ = s.move(sessionClosed) // the boot failed: the session never began
+		s.cancel()
 	}
-	rt.log.Info("session created", "session", s.id, "language", lang.Name, "sandbox", s.proc.id)
-	return rt.info(s), nil
+	s.stMu.Unlock()
+	rt.endSession(s, p) // p is nil unless the session was closed after its boot
+	return sandbox.SessionInfo{}, err
 }
 
-func (rt *Runtime) startSessionSandbox(ctx context.Context, s *session) error {
-	p, err := rt.startSandbox(sandbox.Job{Language: s.lang.Name, Limits: s.limits}, false, "")
+// startSessionSandbox starts a session's sandbox and waits for its agent.
+// On error nothing is left.
+func (rt *Runtime) startSessionSandbox(ctx context.Context, lang string, limits sandbox.Limits) (*sandboxProc, error) {
+	p, err := rt.startSandbox(sandbox.Job{Language: lang, Limits: limits}, false, "")
 	if err != nil {
-		return fmt.Errorf("start the session's sandbox: %w", err)
+		return nil, fmt.Errorf("start the session's sandbox: %w", err)
 	}
 	if err := p.awaitReady(ctx); err != nil {
 		_ = p.destroy()
-		return fmt.Errorf("start the session's sandbox: %w", err)
+		return nil, fmt.Errorf("start the session's sandbox: %w", err)
 	}
-	s.proc = p
-	return nil
+	return p, nil
 }
 
 // lookup finds a live session of the owner ctx acts for; another owner's
@@ -132,35 +234,64 @@ func (rt *Runtime) lookup(ctx context.Context, id string) (*session, error) {
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
-	if !ok || s.closed.Load() || s.owner != sandbox.OwnerFrom(ctx) {
+	if !ok || s.current() == sessionClosed || s.owner != sandbox.OwnerFrom(ctx) {
 		return nil, fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
 	return s, nil
 }
 
 // call runs f with the session's sandbox, one call at a time, starting a
-// new sandbox if the last one died.
-func (rt *Runtime) call(ctx context.Context, id string, f func(s *session) error) error {
+// new sandbox if the last one died. f's context ends with ctx or when the
+// session is closed; f may destroy the sandbox and set s.proc to nil.
+func (rt *Runtime) call(ctx context.Context, id string, f func(ctx context.Context, s *session) error) error {
 	s, err := rt.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed.Load() {
-		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
+	s.stMu.Lock()
+	err = s.move(sessionBusy)
+	s.stMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession) // closed while the call waited
 	}
-	s.busy.Store(true)
-	defer func() {
-		s.busy.Store(false)
-		s.lastUsed.Store(time.Now().UnixNano())
-	}()
+	ctx, done := s.bind(ctx)
+	defer done()
+	defer rt.release(s)
 	if s.proc == nil {
-		if err := rt.startSessionSandbox(ctx, s); err != nil {
+		p, err := rt.startSessionSandbox(ctx, s.lang.Name, s.limits)
+		if err != nil {
 			return err
 		}
+		s.stMu.Lock()
+		s.proc = p // destroyed by release if the session was closed meanwhile
+		s.stMu.Unlock()
 	}
-	return f(s)
+	return f(ctx, s)
+}
+
+// release ends a call: the session is idle again, or, if it was closed
+// during the call, it ends here.
+func (rt *Runtime) release(s *session) {
+	s.lastUsed.Store(time.Now().UnixNano())
+	s.stMu.Lock()
+	if s.state == sessionClosed {
+		p := s.proc
+		s.proc = nil
+		s.stMu.Unlock()
+		rt.endSession(s, p)
+		return
+	}
+	to := sessionReady
+	if s.proc == nil {
+		to = sessionLost
+	}
+	err := s.move(to)
+	s.stMu.Unlock()
+	if err != nil {
+		rt.log.Error("end a session call", "err", err)
+	}
 }
 
 // RunInSession runs job's code in the session's interpreter.
@@ -191,7 +322,7 @@ func (rt *Runtime) RunInSession(ctx context.Context, id string, job sandbox.Job)
 
 	start := time.Now()
 	var res sandbox.Result
-	err = rt.call(ctx, id, func(s *session) error {
+	err = rt.call(ctx, id, func(ctx context.Context, s *session) error {
 		s.calls.Add(1)
 		res = rt.evalCell(ctx, s, job)
 		return nil
@@ -216,8 +347,8 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+agent.InterruptGrace+killGrace+time.Second, stdout, stderr)
 	res = finishStreams(res, exit, stdout, stderr)
 	res.Files = rt.outputFiles(job, exit)
-	lost := s.stateLost
-	s.stateLost = false
+	lost := s.reportLost
+	s.reportLost = false
 	if exit == nil {
 		// The sandbox is gone: it was killed at the deadline or on cancel, or
 		// it died, for example out of memory.
@@ -260,7 +391,7 @@ func (rt *Runtime) WriteFiles(ctx context.Context, id string, files []sandbox.Fi
 	if _, _, err := rt.cfg.Policy.Check(sandbox.Job{Language: s.lang.Name, Code: "files", Files: files}); err != nil {
 		return err
 	}
-	return rt.call(ctx, id, func(s *session) error {
+	return rt.call(ctx, id, func(ctx context.Context, s *session) error {
 		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpWrite, Files: agentFiles(files)})
 		if err == nil && exit.Error != "" {
 			err = &sandbox.InputError{Field: "files", Msg: exit.Error}
@@ -275,7 +406,7 @@ func (rt *Runtime) ReadFile(ctx context.Context, id, name string) (sandbox.Outpu
 		return sandbox.OutputFile{}, &sandbox.InputError{Field: "path", Msg: err.Error()}
 	}
 	var file sandbox.OutputFile
-	err := rt.call(ctx, id, func(s *session) error {
+	err := rt.call(ctx, id, func(ctx context.Context, s *session) error {
 		max := rt.cfg.Policy.OutputFileLimits().MaxFileBytes
 		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpRead, Path: name, MaxBytes: max})
 		switch {
@@ -307,7 +438,7 @@ func (rt *Runtime) ListFiles(ctx context.Context, id, dir string) ([]sandbox.Out
 		}
 	}
 	var files []sandbox.OutputFile
-	err := rt.call(ctx, id, func(s *session) error {
+	err := rt.call(ctx, id, func(ctx context.Context, s *session) error {
 		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpList, Path: dir, MaxFiles: maxListedFiles})
 		switch {
 		case err != nil:
@@ -335,7 +466,7 @@ func (rt *Runtime) fileOp(ctx context.Context, s *session, req agent.Request) (*
 	exit, end := s.proc.request(ctx, req, budget, fileOpTimeout, nil, nil)
 	if exit == nil {
 		_ = s.proc.destroy()
-		s.proc, s.stateLost = nil, true
+		s.proc, s.reportLost = nil, true
 		if end.cancelled {
 			return nil, ctx.Err()
 		}
@@ -344,64 +475,101 @@ func (rt *Runtime) fileOp(ctx context.Context, s *session, req agent.Request) (*
 	return exit, nil
 }
 
-// CloseSession ends a session at once, even in the middle of a call.
+// CloseSession ends a session at once, even in the middle of a call or
+// while its sandbox starts, and returns once its sandbox is gone (or ctx
+// ends).
 func (rt *Runtime) CloseSession(ctx context.Context, id string) error {
 	t := rt.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
-	ok = ok && s.owner == sandbox.OwnerFrom(ctx)
-	if ok {
-		delete(t.m, id)
-	}
 	t.mu.Unlock()
-	if !ok {
+	if !ok || s.owner != sandbox.OwnerFrom(ctx) || !rt.closeSession(s, "closed") {
 		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
-	rt.closeSession(s, "closed")
-	return nil
+	select {
+	case <-s.gone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
-func (rt *Runtime) closeSession(s *session, why string) {
-	s.closed.Store(true)
-	if p := s.proc; p != nil && s.busy.Load() {
-		p.kill() // a running call returns at once
+// closeSession closes s, and reports false if it was closed already. A
+// boot or call in progress is cancelled, and ends the session itself when
+// it returns; an idle session ends here.
+func (rt *Runtime) closeSession(s *session, why string) bool {
+	s.stMu.Lock()
+	was := s.state
+	if s.move(sessionClosed) != nil {
+		s.stMu.Unlock()
+		return false
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.proc != nil {
-		if err := s.proc.destroy(); err != nil {
+	s.why = why
+	var p *sandboxProc
+	if was == sessionReady || was == sessionLost {
+		p, s.proc = s.proc, nil
+	}
+	s.stMu.Unlock()
+	s.cancel()
+	if was == sessionReady || was == sessionLost {
+		rt.endSession(s, p)
+	}
+	return true
+}
+
+// endSession destroys a closed session's sandbox, if it has one, and takes
+// the session out of the table. It runs once per session, on the path that
+// owned the session when it closed.
+func (rt *Runtime) endSession(s *session, p *sandboxProc) {
+	if p != nil {
+		if err := p.destroy(); err != nil {
 			rt.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
-		s.proc = nil
 	}
-	rt.log.Info("session ended", "session", s.id, "why", why, "calls", s.calls.Load())
-	if end := rt.table().cfg.OnEnd; end != nil {
-		end(rt.info(s), why)
+	t := rt.table()
+	t.mu.Lock()
+	delete(t.m, s.id)
+	t.mu.Unlock()
+	defer close(s.gone) // after OnEnd: a closer that returns finds the end reported
+	if s.why == "" {
+		return // it never began: its creator hears why
+	}
+	rt.log.Info("session ended", "session", s.id, "why", s.why, "calls", s.calls.Load())
+	if end := t.cfg.OnEnd; end != nil {
+		end(rt.info(s), s.why)
 	}
 }
 
-// CloseSessions ends every session; a server calls it before exit.
+// CloseSessions ends every session, refuses new ones and stops the
+// expiry of idle sessions; a server calls it before exit. It returns once
+// every session's sandbox is gone.
 func (rt *Runtime) CloseSessions() {
 	t := rt.table()
 	t.mu.Lock()
-	all := t.m
-	t.m = map[string]*session{}
+	t.closed = true
+	all := slices.Collect(maps.Values(t.m))
 	t.mu.Unlock()
-	var wg sync.WaitGroup
+	t.stopMu.Do(func() {
+		close(t.stop)
+		t.janitor.Do(func() { close(t.stopped) }) // it never started
+	})
 	for _, s := range all {
-		wg.Add(1)
-		go func() { defer wg.Done(); rt.closeSession(s, "server shutting down") }()
+		rt.closeSession(s, "server shutting down")
 	}
-	wg.Wait()
+	for _, s := range all {
+		<-s.gone
+	}
+	<-t.stopped
 }
 
-// ListSessions describes the live sessions, oldest first.
+// ListSessions describes the live sessions, oldest first: those starting,
+// idle or in a call.
 func (rt *Runtime) ListSessions() []sandbox.SessionInfo {
 	t := rt.table()
 	t.mu.Lock()
 	var out []sandbox.SessionInfo
 	for _, s := range t.m {
-		if !s.closed.Load() {
+		if s.current() != sessionClosed {
 			out = append(out, rt.info(s))
 		}
 	}
@@ -421,37 +589,41 @@ func (rt *Runtime) info(s *session) sandbox.SessionInfo {
 		ExpiresAt: expires, Calls: int(s.calls.Load())}
 }
 
-// expireSessions ends sessions that were idle too long or lived too long.
+// expireSessions ends sessions that were idle too long or lived too long,
+// until CloseSessions.
 func (rt *Runtime) expireSessions() {
 	t := rt.table()
+	defer close(t.stopped)
 	tick := time.NewTicker(min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond))
 	defer tick.Stop()
-	for range tick.C {
+	for {
+		select {
+		case <-tick.C:
+		case <-t.stop:
+			return
+		}
 		now := time.Now()
 		var expired []*session
 		var why []string
 		t.mu.Lock()
 		for _, s := range t.m {
 			idle := now.Sub(time.Unix(0, s.lastUsed.Load()))
+			st := s.current()
 			switch {
-			case s.closed.Load():
+			case st == sessionClosed:
 				continue // already being closed
 			case now.Sub(s.created) > t.cfg.MaxLifetime:
 				why = append(why, "reached its maximum lifetime")
-			case idle > t.cfg.IdleTimeout && !s.busy.Load():
+			case idle > t.cfg.IdleTimeout && (st == sessionReady || st == sessionLost):
 				why = append(why, "idle timeout")
 			default:
 				continue
 			}
 			expired = append(expired, s)
-			s.closed.Store(true) // no new call; it leaves the table once freed
 		}
 		t.mu.Unlock()
 		for i, s := range expired {
 			rt.closeSession(s, why[i])
-			t.mu.Lock()
-			delete(t.m, s.id)
-			t.mu.Unlock()
 		}
 	}
 }

@@ -133,6 +133,9 @@ func TestSoak(t *testing.T) {
 		done     atomic.Int64
 		rssMid   int64
 	)
+	// Beside the mix, sessions closed while they start.
+	race := startSoakSessionRace(t, url, stateDir)
+
 	start := time.Now()
 	jobs := make(chan int)
 	var workers sync.WaitGroup
@@ -161,6 +164,7 @@ func TestSoak(t *testing.T) {
 	close(jobs)
 	workers.Wait()
 	wall := time.Since(start)
+	race.stop(t)
 	time.Sleep(2 * time.Second) // let the last cgroup removals finish
 	rssAfter, hwmAfter := rss(pid)
 	close(stop)
@@ -186,6 +190,7 @@ func TestSoak(t *testing.T) {
 		runs, wall.Round(time.Millisecond), float64(runs)/wall.Seconds(), concurrency, peak.Load(), len(seen))
 	t.Logf("soak summary: by status: %s", strings.Join(statuses, ", "))
 	t.Logf("soak summary: failures %d, leftovers %d", len(failures), len(left))
+	t.Logf("soak summary: session race: %d rounds, %d sessions closed while they started, %d after (%d audit records)", race.rounds, race.duringBoot, race.afterBoot, race.auditRecords())
 	t.Logf("soak summary: server RSS before %s, at half-way %s, after %s; peak RSS (VmHWM) before %s, after %s",
 		mib(rssBefore), mib(rssMid), mib(rssAfter), mib(hwmBefore), mib(hwmAfter))
 
@@ -235,8 +240,11 @@ func TestSoak(t *testing.T) {
 	if r := safeRun(t, "", "run", "--audit-log", auditLog, "--lang", "bash", "-c", "echo restarted"); r.code != 0 {
 		t.Errorf("safe-run run on the soak's audit log: exit %d, stderr %q", r.code, r.stderr)
 	}
-	if r := safeRun(t, "", "audit", "verify", auditLog); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("ok: %d records", runs+1)) {
-		t.Errorf("audit verify of the soak's log: exit %d, stdout %q, stderr %q; want %d records", r.code, r.stdout, r.stderr, runs+1)
+	// Every call that ran code is recorded: the mix, the unread results,
+	// the session race's calls, and the restart's run.
+	records := runs + unreadCalls + race.auditRecords() + 1
+	if r := safeRun(t, "", "audit", "verify", auditLog); r.code != 0 || !strings.Contains(r.stdout, fmt.Sprintf("ok: %d records", records)) {
+		t.Errorf("audit verify of the soak's log: exit %d, stdout %q, stderr %q; want %d records", r.code, r.stdout, r.stderr, records)
 	} else {
 		t.Logf("soak summary: %s", strings.TrimSpace(r.stdout))
 	}
@@ -282,3 +290,74 @@ func soakCall(c *client.Client, k soakKind) (status, problem string) {
 var idPattern = regexp.MustCompile(`/(safe-run-[0-9a-f]{8}-[0-9a-f-]{27})`)
 
 func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+// soakSessionRace makes rounds of closeWhileBooting until stopped; then it
+// checks that no sandbox outlives its session.
+type soakSessionRace struct {
+	stateDir        string
+	creator, closer *client.Client
+	quit, done      chan struct{}
+	raceTally
+}
+
+func startSoakSessionRace(t *testing.T, url, stateDir string) *soakSessionRace {
+	c := connectHTTP(t, url, "soak-sessions") // concurrent calls create and close its own sessions
+	r := &soakSessionRace{stateDir: stateDir, quit: make(chan struct{}), done: make(chan struct{}), creator: c, closer: c}
+	go r.run()
+	return r
+}
+
+func (r *soakSessionRace) run() {
+	defer close(r.done)
+	boot, err := sessionStart(r.creator)
+	if err != nil {
+		r.problems = append(r.problems, err.Error())
+		return
+	}
+	r.calls, r.closed = r.calls+2, r.closed+1
+	for {
+		select {
+		case <-r.quit:
+			return
+		default:
+		}
+		closeWhileBooting(r.creator, r.closer, boot, &r.raceTally)
+	}
+}
+
+// stop ends the race, opens one session as a record, checks that the
+// sandboxes outside the warm pool are exactly the sessions listed, and
+// closes the record.
+func (r *soakSessionRace) stop(t *testing.T) {
+	t.Helper()
+	close(r.quit)
+	<-r.done
+	defer r.creator.Close()
+	for _, p := range r.problems {
+		t.Errorf("session race: %s", p)
+	}
+	res, record, err := callTool(r.creator, "create_session", map[string]any{"language": "bash"})
+	if err != nil || res.IsError {
+		t.Errorf("session race: a session after the race: %v %s", err, resultText(res))
+	}
+	r.calls, r.closed = r.calls+2, r.closed+1 // with the close below
+	defer callTool(r.creator, "close_session", map[string]any{"session_id": record["session_id"]})
+	// The mix's last one-shot sandboxes may still be being removed.
+	var listed, dirs []string
+	for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		listed, _ = listedSessions(r.closer)
+		dirs = nil
+		for _, e := range stateEntries(r.stateDir) {
+			if _, err := os.Stat(filepath.Join(r.stateDir, e, "pooled")); err != nil {
+				dirs = append(dirs, e)
+			}
+		}
+		if len(dirs) == len(listed) {
+			break
+		}
+	}
+	if len(dirs) != len(listed) {
+		t.Errorf("session race: %d sandboxes outside the warm pool (%v) for %d sessions listed (%v): a sandbox outlives its session",
+			len(dirs), dirs, len(listed), listed)
+	}
+}
