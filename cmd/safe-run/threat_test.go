@@ -10,7 +10,7 @@ package main
 // A probe prints "LEAK ..." for anything it reaches that it must not, and
 // "PROBE-RAN" when it got to its end. `make test-security` runs the suite as
 // root; scripts/test-rootless.sh runs it again as an ordinary user, where
-// every case applies, each checking what the README's "Without root"
+// every case applies, each checking what docs/rootless.md's "Without root"
 // promises for the limits (see threat_harness_test.go for the host side).
 // T31–T33 are the threats an ordinary user's safe-run adds: runsc and
 // gVisor run as that user, beside the user's own processes, files and
@@ -1091,7 +1091,7 @@ func hostStartsProcesses(t *testing.T) {
 // cpuBusyLoops checks T24 while it runs: the sandbox busy with the most CPU
 // of the state directory's — the probe's — holds its CPU quota where there
 // is one, and the host keeps starting processes. Without root and without
-// a delegated cgroup there is no quota (README, "Without root", the
+// a delegated cgroup there is no quota (docs/rootless.md, "Without root", the
 // `--cpus` row: not capped): the use is measured and logged, and the run
 // must still end at its timeout (the case's status).
 func cpuBusyLoops(t *testing.T, h *threatHarness, stateDir string) {
@@ -1136,7 +1136,7 @@ func cpuBusyLoops(t *testing.T, h *threatHarness, stateDir string) {
 			period, _ = strconv.Atoi(f[1])
 		}
 	default:
-		t.Logf("no CPU quota to check: as uid %d without a delegated cgroup, CPU is not capped (README, \"Without root\", row --cpus)", os.Getuid())
+		t.Logf("no CPU quota to check: as uid %d without a delegated cgroup, CPU is not capped (docs/rootless.md, \"Without root\", row --cpus)", os.Getuid())
 	}
 	if period != 0 || h.root {
 		if want := int(cpus * float64(period)); period == 0 || quota != want {
