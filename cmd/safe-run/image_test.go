@@ -9,7 +9,6 @@ import (
 	"archive/tar"
 	"bytes"
 	"encoding/json"
-	"flag"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -350,19 +349,9 @@ func TestMCPImageArgument(t *testing.T) {
 // TestLanguagesSetting checks that the config file's list of languages
 // reaches the flag as JSON and merges into the defaults.
 func TestLanguagesSetting(t *testing.T) {
-	config := filepath.Join(t.TempDir(), "config.json")
-	data := `{"languages": [{"name": "ruby", "image": "ruby:3.3", "filename": "main.rb", "command": ["ruby", "main.rb"]},
-		{"name": "python", "image": "python:3.12-slim"}], "images": ["python:3.12-slim", "ruby:3.3"]}`
-	if err := os.WriteFile(config, []byte(data), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var f serveFlags
-	f.register(fs)
-	if err := fs.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := applySettings(fs, nil, config); err != nil {
+	f, fs, err := serveConfig(t, `{"languages": [{"name": "ruby", "image": "ruby:3.3", "filename": "main.rb", "command": ["ruby", "main.rb"]},
+		{"name": "python", "image": "python:3.12-slim"}], "images": ["python:3.12-slim", "ruby:3.3"]}`)
+	if err != nil {
 		t.Fatalf("applySettings: %v", err)
 	}
 	langs := f.host.languageTable()
