@@ -143,18 +143,34 @@ func (w *memoryWatch) usage() (oomKills uint64, peak int64) {
 	return oomKills, w.peak.Load()
 }
 
-// findSentry looks among the descendants of pid for the process that holds
-// gVisor's memory file open, 0 if none does.
+// findSentry looks among the descendants of pid for the sentry: the
+// process runsc names runsc-sandbox, once it holds gVisor's memory file
+// open; 0 until then. The systrap stubs below it map the same file and may
+// hold it too, so the search never goes below the sentry: taking a stub
+// for it would leave its heap and the stubs' page tables uncounted.
 func findSentry(pid int) int {
 	for _, child := range childPids(pid) {
-		if hasMemoryFile(child) {
-			return child
+		if isSentry(child) {
+			if hasMemoryFile(child) {
+				return child
+			}
+			return 0
 		}
 		if sentry := findSentry(child); sentry != 0 {
 			return sentry
 		}
 	}
 	return 0
+}
+
+// sentryName is the argv[0] runsc gives the sandbox process, gVisor's
+// kernel.
+const sentryName = "runsc-sandbox"
+
+func isSentry(pid int) bool {
+	cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	argv0, _, _ := strings.Cut(string(cmdline), "\x00")
+	return filepath.Base(argv0) == sentryName
 }
 
 func hasMemoryFile(pid int) bool {
