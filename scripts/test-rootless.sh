@@ -78,6 +78,19 @@ cp .ci/conformance-baseline.yml "$work/repo/.ci/"
 # caches of its own. Those caches ($USER_CACHE, owned by the user) outlive the
 # run, so later runs rebuild only what changed, as root's /var/cache/safe-run.
 echo "== as uid $USER_ID: make demo in its own checkout, image in its own cache"
+# The user builds the image with mmdebstrap in fakechroot mode (nobody has no
+# /etc/subuid range), which root installs once, as `make test` installs what
+# root's build needs: the user cannot, and a host that had them by hand would
+# hide the step.
+need=()
+for tool in mmdebstrap fakechroot fakeroot; do
+	command -v "$tool" >/dev/null || need+=("$tool")
+done
+if ((${#need[@]})); then
+	echo "[deps] apt-get install ${need[*]} (the user's image build)" >&2
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
 mkdir -p "$USER_CACHE"
 chown "$USER_ID:$USER_ID" "$USER_CACHE"
 mkdir "$work/home/safe-run"
