@@ -8,7 +8,7 @@ import (
 )
 
 // ErrBusy is returned by Gate.Enter when the waiting line is full.
-var ErrBusy = errors.New("the server is busy: every sandbox slot is taken and the waiting line is full; try again shortly")
+var ErrBusy = WithClass(errors.New("the server is busy: every sandbox slot is taken and the waiting line is full; try again shortly"), ErrExhausted)
 
 // Gate admits at most a fixed number of runs at once and lets a bounded
 // number of further callers wait, first come first served. The zero Gate

@@ -363,3 +363,6 @@ type InputError struct {
 }
 
 func (e *InputError) Error() string { return e.Field + ": " + e.Msg }
+
+// Is makes every InputError of class ErrInvalid.
+func (e *InputError) Is(target error) bool { return target == ErrInvalid }

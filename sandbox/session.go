@@ -75,10 +75,10 @@ func OwnerFrom(ctx context.Context) string {
 
 // ErrNoSession is returned for a session ID that is unknown, closed or
 // expired.
-var ErrNoSession = errors.New("no such session: it may have expired or been closed; create a new session")
+var ErrNoSession = WithClass(errors.New("no such session: it may have expired or been closed; create a new session"), ErrNotFound)
 
 // ErrTooManySessions is returned when the session limit is reached.
-var ErrTooManySessions = errors.New("too many sessions: close one you no longer need, or wait for an idle one to expire")
+var ErrTooManySessions = WithClass(errors.New("too many sessions: close one you no longer need, or wait for an idle one to expire"), ErrExhausted)
 
 // ErrSessionsUnsupported is returned for a language without sessions.
-var ErrSessionsUnsupported = errors.New("this language has no sessions")
+var ErrSessionsUnsupported = WithClass(errors.New("this language has no sessions"), ErrInvalid)
