@@ -84,6 +84,10 @@ const (
 // CLI and the structured content of the MCP tool.
 type Result struct {
 	Status Status `json:"status"`
+	// Err is the error behind a sandbox_error, for the edges to classify
+	// (Class) and to add the hint that fits their audience; Message holds
+	// its text.
+	Err error `json:"-"`
 	// ExitCode is the program's exit code, or -1 when it has none (it was
 	// killed, timed out, ran out of memory, or the sandbox failed).
 	ExitCode int `json:"exit_code"`

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -98,7 +98,7 @@ func diagnose(host *hostFlags) []check {
 
 	stateDir := host.stateDir
 	if stateDir == "" {
-		stateDir = runtime.DefaultStateDir()
+		stateDir = gvisor.DefaultStateDir()
 	}
 	stateErr := checkWritableDir(stateDir)
 	add(check{Name: "state", OK: stateErr == nil, Detail: "per-run state in " + stateDir + errSuffix(stateErr),
@@ -130,43 +130,43 @@ func diagnose(host *hostFlags) []check {
 // checkUser says whether this process can start sandboxes: as root, or as
 // an ordinary user in a user namespace of its own.
 func checkUser() check {
-	if runtime.HostRoot() {
+	if gvisor.HostRoot() {
 		return check{Name: "user", OK: true, Detail: "running as root"}
 	}
 	uid := os.Getuid()
 	if os.Geteuid() == 0 {
-		uid = runtime.HostUID() // root of safe-run's own user namespace
+		uid = gvisor.HostUID() // root of safe-run's own user namespace
 	}
 	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", uid)}
 	if os.Geteuid() != 0 {
 		// enterUserNamespace did not get this far.
-		err := runtime.UserNamespaceCheck()
+		err := gvisor.UserNamespaceCheck()
 		if err == nil {
 			err = errors.New("a user namespace could not be created a moment ago, and now can")
 		}
 		c.Detail += ": " + err.Error()
-		c.Fix = runtime.UserNamespaceFix(err)
+		c.Fix = gvisor.UserNamespaceFix(err)
 		return c
 	}
-	if err := runtime.UserNamespaceCapable(); err != nil {
+	if err := gvisor.UserNamespaceCapable(); err != nil {
 		c.Detail += "; a user namespace was created, but its root is powerless: " + err.Error()
-		c.Fix = runtime.UserNamespaceFix(err)
+		c.Fix = gvisor.UserNamespaceFix(err)
 		return c
 	}
 	c.OK = true
-	c.Detail = fmt.Sprintf("running as uid %d without root; sandboxes run in a user namespace of safe-run's own (no setuid helper)", runtime.HostUID())
+	c.Detail = fmt.Sprintf("running as uid %d without root; sandboxes run in a user namespace of safe-run's own (no setuid helper)", gvisor.HostUID())
 	return c
 }
 
 // checkCgroups says where runs' cgroups go, and without root what limits
 // hold and how to get the stronger ones.
 func checkCgroups() check {
-	if runtime.HostRoot() {
-		layout, err := runtime.DetectCgroups()
+	if gvisor.HostRoot() {
+		layout, err := gvisor.DetectCgroups()
 		return check{Name: "cgroups", OK: err == nil, Detail: describeCgroups(layout) + errSuffix(err),
 			Fix: fixIf(err != nil, "run safe-run in a cgroup with the memory, pids and cpu controllers available to it")}
 	}
-	layout, err := runtime.DetectUserCgroups()
+	layout, err := gvisor.DetectUserCgroups()
 	if err == nil {
 		return check{Name: "cgroups", OK: true, Detail: "delegated cgroup v2 " + layout.Parents[""] +
 			": memory, pids and CPU limits are enforced by the kernel, as for root"}
@@ -187,7 +187,7 @@ func checkRunsc(path, source string) check {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	version, err := runtime.RunscVersion(ctx, path)
+	version, err := gvisor.RunscVersion(ctx, path)
 	if err != nil {
 		c.Detail = fmt.Sprintf("%s (%s) does not run: %v", path, source, err)
 		return c
@@ -256,7 +256,7 @@ func checkWritableDir(dir string) error {
 	return err
 }
 
-func describeCgroups(l runtime.CgroupLayout) string {
+func describeCgroups(l gvisor.CgroupLayout) string {
 	var parts []string
 	for _, c := range []string{"", "memory", "pids", "cpu", "cpuacct"} {
 		if p, ok := l.Parents[c]; ok {
@@ -275,8 +275,8 @@ func trySandbox(host *hostFlags) check {
 	c := check{Name: "sandbox", Fix: "run with SAFE_RUN_LOG_LEVEL=debug and --debug-log-dir DIR, and read runsc's logs"}
 	cfg, err := host.runtimeConfig()
 	if err == nil {
-		var rt *runtime.Runtime
-		if rt, err = runtime.New(cfg); err == nil {
+		var rt service
+		if rt, err = newStack(cfg); err == nil {
 			var times []string
 			for _, l := range sandbox.DefaultLanguages {
 				code := map[string]string{"python": "print('ok')", "node": "console.log('ok')", "bash": "echo ok"}[l.Name]

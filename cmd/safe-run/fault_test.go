@@ -24,7 +24,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"golang.org/x/sys/unix"
 
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -33,7 +33,7 @@ import (
 // $XDG_RUNTIME_DIR, where its safe-run keeps state unless told otherwise.
 func faultStateDir(t *testing.T) string {
 	t.Helper()
-	if runtime.HostRoot() {
+	if gvisor.HostRoot() {
 		return filepath.Join(t.TempDir(), "state")
 	}
 	xdg := os.Getenv("XDG_RUNTIME_DIR")
@@ -209,7 +209,7 @@ func TestFaultServerKilledAndRestarted(t *testing.T) {
 	}
 	time.Sleep(time.Second)
 	serving := serverPid(t, stateDir)
-	if runtime.HostRoot() != (serving == cmd.Process.Pid) {
+	if gvisor.HostRoot() != (serving == cmd.Process.Pid) {
 		t.Fatalf("the serving process is %d, the one started %d: want the same as root, a child of it otherwise", serving, cmd.Process.Pid)
 	}
 	syscall.Kill(serving, syscall.SIGKILL)
@@ -265,7 +265,7 @@ func TestFaultStateDirFull(t *testing.T) {
 	binary(t)
 	stateDir := faultStateDir(t)
 	mnt := filepath.Dir(stateDir)
-	if runtime.HostRoot() {
+	if gvisor.HostRoot() {
 		if err := unix.Mount("tmpfs", mnt, "tmpfs", 0, "size=1m,mode=0700"); err != nil {
 			t.Fatalf("mount a tmpfs: %v", err)
 		}
@@ -291,7 +291,7 @@ func TestFaultStateDirFull(t *testing.T) {
 	// run left in the state directory before the tmpfs goes with it.
 	listing := filepath.Join(t.TempDir(), "left")
 	onFullStateDir := func(args ...string) cliResult {
-		if runtime.HostRoot() {
+		if gvisor.HostRoot() {
 			return safeRun(t, "", args...)
 		}
 		script := `set -e

@@ -12,7 +12,7 @@ import (
 	"strings"
 
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -46,7 +46,7 @@ func init() {
 }
 
 func main() {
-	runtime.ShimMain() // never returns when this process is the cgroup shim
+	gvisor.ShimMain() // never returns when this process is the cgroup shim
 	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
 }
@@ -63,14 +63,14 @@ func enterUserNamespace(args []string) {
 	switch args[0] {
 	case "run", "serve":
 	case "doctor":
-		if runtime.UserNamespaceCheck() != nil {
+		if gvisor.UserNamespaceCheck() != nil {
 			return
 		}
 	default:
 		return
 	}
 	var env []string
-	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": runtime.DefaultStateDir()} {
+	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": gvisor.DefaultStateDir()} {
 		if os.Getenv(name) == "" {
 			env = append(env, name+"="+def)
 		}
@@ -82,7 +82,7 @@ func enterUserNamespace(args []string) {
 	} else {
 		env = append(env, defaultCacheEnv+"=")
 	}
-	runtime.UserNamespaceMain(env...)
+	gvisor.UserNamespaceMain(env...)
 }
 
 func dispatch(args []string) int {
@@ -131,8 +131,7 @@ func parseFlags(fs *flag.FlagSet, args []string) (code int, done bool) {
 // fail prints err as one line and returns the exit code that fits it.
 func fail(err error) int {
 	fmt.Fprintln(os.Stderr, "safe-run:", oneLine(err.Error()))
-	var in *sandbox.InputError
-	if errors.As(err, &in) || errors.Is(err, errUsage) {
+	if sandbox.Class(err) == sandbox.ErrInvalid || errors.Is(err, errUsage) {
 		return exitUsage
 	}
 	return exitSandboxError

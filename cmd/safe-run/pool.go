@@ -8,9 +8,10 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/safe-run/safe-run/runtime"
-	"github.com/safe-run/safe-run/sandbox"
 	"golang.org/x/sys/unix"
+
+	"github.com/safe-run/safe-run/runtime/engine"
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // poolFlags configure the warm pool of `serve`.
@@ -36,23 +37,22 @@ const defaultPool = "python=2,node=1,bash=1"
 func (p *poolFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.sizes, "pool", defaultPool, "warm sandboxes kept ready per language, as `LANG=N,...`; each serves one run (empty or 0 disables)")
 	fs.StringVar(&p.preload, "preload", defaultPreload(), "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...`")
-	p.memory = runtime.DefaultPoolMemory
+	p.memory = engine.DefaultPoolMemory
 	fs.Var(sizeFlag{&p.memory}, "pool-memory", "most memory the warm sandboxes use together (a `size`)")
 	fs.BoolVar(&p.checkpoints, "checkpoints", true, "refill the pool by restoring a cached checkpoint of a warm sandbox (Python)")
 }
 
 func defaultPreload() string {
 	var parts []string
-	for _, lang := range sortedKeys(runtime.DefaultPreload) {
-		parts = append(parts, lang+"="+strings.Join(runtime.DefaultPreload[lang], ","))
+	for _, lang := range sortedKeys(engine.DefaultPreload) {
+		parts = append(parts, lang+"="+strings.Join(engine.DefaultPreload[lang], ","))
 	}
 	return strings.Join(parts, ";")
 }
 
-// config turns the flags into the runtime's pool configuration, with
-// checkpoint images cached below cacheDir.
-func (p *poolFlags) config(cacheDir string) (runtime.PoolConfig, error) {
-	cfg := runtime.PoolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
+// config turns the flags into the engine's pool configuration.
+func (p *poolFlags) config() (engine.PoolConfig, error) {
+	cfg := engine.PoolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
 	for _, part := range splitList(p.sizes, ",") {
 		lang, n, ok := strings.Cut(part, "=")
 		size, err := strconv.Atoi(n)
@@ -68,10 +68,16 @@ func (p *poolFlags) config(cacheDir string) (runtime.PoolConfig, error) {
 		}
 		cfg.Preload[strings.TrimSpace(lang)] = splitList(mods, ",")
 	}
-	if p.checkpoints {
-		cfg.CheckpointDir = checkpointDir(cacheDir)
-	}
 	return cfg, nil
+}
+
+// checkpointDir is where the backend keeps checkpoint images of warm
+// sandboxes, below cacheDir (see checkpointDir), or "" for none.
+func (p *poolFlags) checkpointDir(cacheDir string) string {
+	if !p.checkpoints {
+		return ""
+	}
+	return checkpointDir(cacheDir)
 }
 
 // checkpointDir is where checkpoint images of warm sandboxes are cached:

@@ -17,7 +17,7 @@ import (
 
 	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -131,10 +131,10 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	if *warm {
-		cfg.Pool = runtime.PoolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true,
-			CheckpointDir: checkpointDir(host.cacheDir)}
+		cfg.Engine.Pool = engine.PoolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true}
+		cfg.Backend.CheckpointDir = checkpointDir(host.cacheDir)
 	}
-	rt, err := runtime.New(cfg)
+	rt, err := newStack(cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -165,6 +165,9 @@ func cmdRun(args []string) int {
 	}
 	if err != nil {
 		return fail(err)
+	}
+	if h := hint(res.Err); h != "" {
+		res.Message += "; " + h
 	}
 	// Saved first, so that --json tells which files were not.
 	var saveErr error

@@ -23,7 +23,7 @@ import (
 
 	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -91,7 +91,7 @@ type serveFlags struct {
 	timeout       time.Duration
 	maxTimeout    time.Duration
 	limits        sandbox.Limits
-	sessions      runtime.SessionConfig
+	sessions      engine.SessionConfig
 	pool          poolFlags
 	cacheTTL      time.Duration
 	cacheSize     int64
@@ -211,16 +211,17 @@ func serve(f serveFlags) error {
 	if err != nil {
 		return err
 	}
-	policy.Languages, policy.Images = cfg.Policy.Languages, splitList(f.images, ",")
+	policy.Languages, policy.Images = cfg.Engine.Policy.Languages, splitList(f.images, ",")
 	for _, ref := range policy.Images {
 		if _, err := f.host.store().Lookup(ref); err != nil {
 			return fmt.Errorf("--images: %w", err)
 		}
 	}
-	cfg.Policy, cfg.Logger, cfg.Sessions = policy, logger, f.sessions
+	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions = policy, logger, f.sessions
+	cfg.Backend.Logger = logger
 	if auditLog != nil {
 		// Sessions also end without a call: idle, too old, or at exit.
-		cfg.Sessions.OnEnd = func(info sandbox.SessionInfo, reason string) {
+		cfg.Engine.Sessions.OnEnd = func(info sandbox.SessionInfo, reason string) {
 			rec := audit.Record{Time: time.Now().UTC(), Event: audit.EventSessionEnd, SessionID: info.ID,
 				Language: info.Language, Status: "ok", Message: reason,
 				DurationMS: time.Since(info.Created).Milliseconds()}
@@ -229,12 +230,13 @@ func serve(f serveFlags) error {
 			}
 		}
 	}
-	if cfg.Pool, err = f.pool.config(f.host.cacheDir); err != nil {
+	if cfg.Engine.Pool, err = f.pool.config(); err != nil {
 		return err
 	}
+	cfg.Backend.CheckpointDir = f.pool.checkpointDir(f.host.cacheDir)
 	// Metrics exist only over HTTP. They are made before the runtime, whose
 	// pool starts sandboxes at once; the gauges read rt only when scraped.
-	var rt *runtime.Runtime
+	var rt service
 	var metrics *mcp.Metrics
 	gate := sandbox.NewGate(f.maxConcurrent, f.maxQueue)
 	if listener != nil {
@@ -244,9 +246,9 @@ func serve(f serveFlags) error {
 			Gate:          gate,
 			PoolSizes:     func() map[string]int { return rt.PoolSizes() }, // none without --pool
 		})
-		cfg.ObserveStart = metrics.ObserveSandboxStart
+		cfg.Engine.ObserveStart = metrics.ObserveSandboxStart
 	}
-	if rt, err = runtime.New(cfg); err != nil {
+	if rt, err = newStack(cfg); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -43,7 +43,7 @@ import (
 
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -69,7 +69,7 @@ type threatHarness struct {
 	runtimeDir, runtimeSock     string    // $XDG_RUNTIME_DIR and a socket the user's services would offer there
 	runtimeSockL                net.Listener
 	runtimeN                    atomic.Int64
-	root                        bool // runtime.HostRoot(): the suite runs as root, not as an ordinary user
+	root                        bool // gvisor.HostRoot(): the suite runs as root, not as an ordinary user
 	cliState, tmp               string
 	server                      *testServer
 	serverPid                   int
@@ -88,7 +88,7 @@ func newThreatHarness(t *testing.T) *threatHarness {
 	t.Helper()
 	bin := binary(t)
 	h := &threatHarness{
-		bin: bin, tmp: t.TempDir(), ids: map[string]bool{}, stopPolling: make(chan struct{}), root: runtime.HostRoot(),
+		bin: bin, tmp: t.TempDir(), ids: map[string]bool{}, stopPolling: make(chan struct{}), root: gvisor.HostRoot(),
 		// The same limits on both paths: memory small enough that memory
 		// bombs end quickly and large enough for the fill probes (256 MiB
 		// tmpfs); processes few enough that a Python fork bomb reaches the
@@ -258,14 +258,14 @@ func procStat(pid int) ([]string, bool) {
 // so there is none to check).
 func testCgroupParents(t *testing.T) map[string]string {
 	t.Helper()
-	if !runtime.HostRoot() {
-		layout, err := runtime.DetectUserCgroups()
+	if !gvisor.HostRoot() {
+		layout, err := gvisor.DetectUserCgroups()
 		if err != nil {
 			t.Logf("runs get no cgroup as uid %d: %v", os.Getuid(), err)
 		}
 		return layout.Parents
 	}
-	layout, err := runtime.DetectCgroups()
+	layout, err := gvisor.DetectCgroups()
 	if err != nil {
 		t.Fatalf("cgroups: %v", err)
 	}

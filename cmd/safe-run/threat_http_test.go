@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -363,7 +363,7 @@ exec timeout 30 "$@"`
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var cmd *exec.Cmd
-	if runtime.HostRoot() {
+	if gvisor.HostRoot() {
 		cmd = exec.CommandContext(ctx, "unshare", append([]string{"--net", "--mount", "--"}, args...)...)
 	} else {
 		cmd = hostUserNamespace(ctx, append([]string{"--net", "--"}, args...)...)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/safe-run/safe-run/runtime"
+	"github.com/safe-run/safe-run/runtime/gvisor"
 )
 
 // version is set at build time by the Makefile (-X main.version=...).
@@ -21,7 +21,7 @@ func cmdVersion(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := runtime.RunscVersion(ctx, path)
+	v, err := gvisor.RunscVersion(ctx, path)
 	if err != nil {
 		v = err.Error()
 	}

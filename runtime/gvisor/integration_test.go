@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 // Integration tests: real runsc, real default image, real cgroups. They run
 // under `make test` (SAFE_RUN_INTEGRATION=1), which builds everything they
@@ -17,6 +17,7 @@ import (
 
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -26,16 +27,30 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// newTestRuntime returns a Runtime over the real runsc and default image,
+// testConfig is the configuration of a test's whole stack: the backend's,
+// and the engine's over it (whose Backend is filled in).
+type testConfig struct {
+	Config
+	Engine engine.Config
+}
+
+// testRuntime is the engine over a real gVisor backend, as cmd/ builds it.
+type testRuntime struct {
+	*engine.Engine
+	g   *Backend
+	cfg testConfig
+}
+
+// newTestRuntime returns the engine over the real runsc and default image,
 // with a state directory of its own that must be empty when the test ends.
-func newTestRuntime(t *testing.T, policy sandbox.Policy) *Runtime {
+func newTestRuntime(t *testing.T, policy sandbox.Policy) *testRuntime {
 	t.Helper()
-	return newTestRuntimeWith(t, func(cfg *Config) { cfg.Policy = policy })
+	return newTestRuntimeWith(t, func(cfg *testConfig) { cfg.Engine.Policy = policy })
 }
 
 // newTestRuntimeWith is newTestRuntime with a configuration that configure
 // completes.
-func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
+func newTestRuntimeWith(t *testing.T, configure func(*testConfig)) *testRuntime {
 	t.Helper()
 	integration := os.Getenv("SAFE_RUN_INTEGRATION") == "1"
 	missing := func(format string, args ...any) {
@@ -54,9 +69,9 @@ func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
 		missing("%v", err)
 	}
 	stateDir := filepath.Join(t.TempDir(), "state")
-	cfg := Config{Runsc: runsc, Agent: agentPath, Rootfs: img.Root, StateDir: stateDir}
+	cfg := testConfig{Config: Config{Runsc: runsc, Agent: agentPath, Rootfs: img.Root, StateDir: stateDir}}
 	configure(&cfg)
-	rt, err := New(cfg)
+	rt, err := startStack(cfg)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -64,7 +79,22 @@ func newTestRuntimeWith(t *testing.T, configure func(*Config)) *Runtime {
 	return rt
 }
 
-func mustRun(t *testing.T, rt *Runtime, job sandbox.Job) sandbox.Result {
+// startStack builds the backend and the engine over it.
+func startStack(cfg testConfig) (*testRuntime, error) {
+	g, err := New(cfg.Config)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Config = g.cfg // with its defaults
+	cfg.Engine.Backend = g
+	e, err := engine.New(cfg.Engine)
+	if err != nil {
+		return nil, err
+	}
+	return &testRuntime{Engine: e, g: g, cfg: cfg}, nil
+}
+
+func mustRun(t *testing.T, rt *testRuntime, job sandbox.Job) sandbox.Result {
 	t.Helper()
 	res, err := rt.Run(context.Background(), job)
 	if err != nil {
@@ -82,7 +112,7 @@ func wantStatus(t *testing.T, res sandbox.Result, want sandbox.Status) {
 
 // assertNothingLeft checks the host after runs: the state directory is
 // empty, and no cgroup, process or mount of any listed sandbox remains.
-func assertNothingLeft(t *testing.T, rt *Runtime, ids []string) {
+func assertNothingLeft(t *testing.T, rt *testRuntime, ids []string) {
 	t.Helper()
 	// Killed sandboxes' processes are reaped by the host's init, which can
 	// take seconds; the runtime retries their cgroups' removal until then.
@@ -113,7 +143,7 @@ func assertNothingLeft(t *testing.T, rt *Runtime, ids []string) {
 		}
 	}
 	for _, id := range ids {
-		for _, parent := range rt.cgroups.Parents {
+		for _, parent := range rt.g.cgroups.Parents {
 			if _, err := os.Stat(filepath.Join(parent, id)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("cgroup left: %s", filepath.Join(parent, id))
 			}

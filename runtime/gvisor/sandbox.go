@@ -1,9 +1,8 @@
-package runtime
+package gvisor
 
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -15,83 +14,116 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/google/uuid"
 	"golang.org/x/sys/unix"
 
-	"github.com/safe-run/safe-run/agent"
 	"github.com/safe-run/safe-run/bundle"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
 // sandboxProc is one gVisor sandbox whose first process is the agent: from
-// `runsc run` to the removal of everything it left on the host. A one-shot
-// run uses it for one request; a session for many.
+// `runsc run` to the removal of everything it left on the host. It is the
+// engine.Sandbox this backend hands out.
 type sandboxProc struct {
-	rt   *Runtime
+	g    *Backend
 	id   string
+	log  *slog.Logger
 	dir  string   // bundle/, runsc/ (runsc --root), runsc.log, lock
 	lock *os.File // held while the sandbox lives; see reapStale
 	cg   *runCgroup
 	mem  *memoryWatch // the memory limit where there is no cgroup, else nil
 	cmd  *exec.Cmd
+	mark func(phase string)
 
-	sendMu sync.Mutex
-	stdin  *os.File
-	events chan agent.Event // from the agent, in order; closed when its stream ends
-	// eventsErr says why the stream ended early; read after events closes.
-	eventsErr error
-	budget    eventBudget
+	stdin  *os.File // the agent's requests
+	stdout *os.File // the agent's events
 
 	restore string // the checkpoint image the sandbox starts from, if any
-	ready   bool   // the agent has answered: Ready, or a request after a restore
 
 	exited      chan struct{} // closed when runsc has exited
 	runscStatus int           // its exit status, -1 if killed; read after exited closes
-
-	start  time.Time
-	phases []any // slog attributes: milliseconds from start to each phase
 
 	destroyOnce sync.Once
 	destroyErr  error
 }
 
-// mark records that the sandbox reached a phase, for debug logs.
-func (p *sandboxProc) mark(phase string) {
-	p.phases = append(p.phases, slog.Float64(phase, float64(time.Since(p.start).Microseconds())/1000))
+var (
+	_ engine.Sandbox    = (*sandboxProc)(nil)
+	_ engine.PoolMarker = (*sandboxProc)(nil)
+)
+
+func (p *sandboxProc) ID() string                { return p.id }
+func (p *sandboxProc) Requests() io.Writer       { return p.stdin }
+func (p *sandboxProc) Events() io.ReadCloser     { return p.stdout }
+func (p *sandboxProc) Exited() <-chan struct{}   { return p.exited }
+func (p *sandboxProc) MemoryNow() (int64, error) { return p.memoryUsage() }
+
+// Ready finds the sentry for the memory watch, if there is one: a sandbox
+// whose memory cannot be watched must not be used.
+func (p *sandboxProc) Ready() error {
+	if _, err := p.mem.locate(); err != nil {
+		p.Kill()
+		return err
+	}
+	return nil
+}
+
+// ExitReport is runsc's exit status and the last line it logged.
+func (p *sandboxProc) ExitReport() string {
+	select {
+	case <-p.exited:
+		return fmt.Sprintf("runsc exit status %d%s", p.runscStatus, p.runscLogTail())
+	default:
+		return "runsc still running" + p.runscLogTail()
+	}
 }
 
 func (p *sandboxProc) bundleDir() string { return filepath.Join(p.dir, "bundle") }
 func (p *sandboxProc) runscRoot() string { return filepath.Join(p.dir, "runsc") }
 
-// startSandbox writes the bundle for job, creates the cgroup and starts
-// runsc inside it: a new sandbox, or, if restore names a checkpoint image,
-// the sandbox saved there. The sandbox serves one request if oneShot, else
-// many. On error nothing is left behind.
-func (rt *Runtime) startSandbox(job sandbox.Job, oneShot bool, restore string) (*sandboxProc, error) {
-	p := &sandboxProc{
-		rt: rt, id: "safe-run-" + uuid.NewString(), start: time.Now(), restore: restore,
-		events: make(chan agent.Event, 64), exited: make(chan struct{}),
-	}
-	p.dir = filepath.Join(rt.cfg.StateDir, p.id)
-	rt.live.Add(1) // until destroy
-	rt.liveN.Add(1)
-	if err := p.setUp(job, oneShot); err != nil {
-		p.destroy()
-		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
-			err = fmt.Errorf("%w: the state directory %s is full; free space there or choose another with --state-dir or SAFE_RUN_STATE_DIR", err, rt.cfg.StateDir)
-		}
+// Start starts a sandbox for spec (see startSandbox).
+func (g *Backend) Start(spec engine.StartSpec) (engine.Sandbox, error) {
+	p, err := g.startSandbox(spec, "")
+	if err != nil {
 		return nil, err
 	}
 	return p, nil
 }
 
-func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
-	rt := p.rt
-	cfg, err := rt.bundleConfig(job, !oneShot)
+// startSandbox writes the bundle for spec, creates the cgroup and starts
+// runsc inside it: a new sandbox, or, if restore names a checkpoint image,
+// the sandbox saved there. On error nothing is left behind.
+func (g *Backend) startSandbox(spec engine.StartSpec, restore string) (*sandboxProc, error) {
+	p := &sandboxProc{g: g, id: "safe-run-" + uuid.NewString(), restore: restore, mark: spec.Mark, exited: make(chan struct{})}
+	if p.mark == nil {
+		p.mark = func(string) {}
+	}
+	log := spec.Log
+	if log == nil {
+		log = g.log
+	}
+	p.log = log.With("sandbox", p.id)
+	p.dir = filepath.Join(g.cfg.StateDir, p.id)
+	g.live.Add(1) // until destroy
+	g.liveN.Add(1)
+	if err := p.setUp(spec.Job, spec.KeepAlive); err != nil {
+		_ = p.Destroy()
+		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
+			err = &partErr{part: ErrStateDirFull, class: sandbox.ErrExhausted,
+				msg: fmt.Sprintf("%v: the state directory %s is full", err, g.cfg.StateDir)}
+		}
+		return nil, fmt.Errorf("start sandbox %s: %w", p.id, err)
+	}
+	return p, nil
+}
+
+func (p *sandboxProc) setUp(job sandbox.Job, keepAlive bool) error {
+	g := p.g
+	cfg, err := g.bundleConfig(job, keepAlive)
 	if err != nil {
 		return err
 	}
@@ -109,7 +141,7 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 		return err
 	}
 	p.mark("bundle_written")
-	if p.cg, err = newRunCgroup(rt.cgroups, p.id, spec.Linux.Resources); err != nil {
+	if p.cg, err = newRunCgroup(g.cgroups, p.id, spec.Linux.Resources); err != nil {
 		return err
 	}
 	p.mark("cgroup_created")
@@ -130,7 +162,7 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 		closeFiles(stdinR, stdinW, stdoutR, stdoutW)
 		return err
 	}
-	p.cmd = exec.Command(rt.cfg.Shim, p.shimArgs()...)
+	p.cmd = exec.Command(g.cfg.Shim, p.shimArgs()...)
 	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = stdinR, stdoutW, logFile
 	p.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -140,11 +172,10 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 		closeFiles(stdinW, stdoutR)
 		p.cmd = nil
 		close(p.exited)
-		close(p.events)
 		return fmt.Errorf("start runsc: %w", err)
 	}
 	p.mark("runsc_started")
-	p.stdin = stdinW
+	p.stdin, p.stdout = stdinW, stdoutR
 	go func() {
 		_ = p.cmd.Wait() // the status is in ProcessState; -1 if killed
 		p.runscStatus = -1
@@ -153,8 +184,7 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 		}
 		close(p.exited)
 	}()
-	go p.readEvents(stdoutR)
-	if rt.cgroups.Mode == CgroupsNone {
+	if g.cgroups.Mode == CgroupsNone {
 		p.mem = p.watchMemory(job.Limits.MemoryBytes)
 	}
 	return nil
@@ -165,15 +195,15 @@ func (p *sandboxProc) setUp(job sandbox.Job, oneShot bool) error {
 func (p *sandboxProc) shimArgs() []string {
 	args := []string{ShimCommand}
 	args = append(args, p.cg.procsFiles()...)
-	args = append(args, "--", p.rt.cfg.Runsc,
+	args = append(args, "--", p.g.cfg.Runsc,
 		"--root", p.runscRoot(),
-		"--platform", p.rt.cfg.Platform,
+		"--platform", p.g.cfg.Platform,
 		"--network", "none", // the sandbox gets only a loopback interface
 		"--oci-seccomp",      // apply the bundle's seccomp filter inside gVisor
 		"--ignore-cgroups",   // safe-run owns the cgroup and starts runsc inside it
 		"--overlay2", "none", // the root is read-only; nothing needs an overlay
 	)
-	if d := p.rt.cfg.DebugLogDir; d != "" {
+	if d := p.g.cfg.DebugLogDir; d != "" {
 		args = append(args, "--debug", "--debug-log", filepath.Join(d, p.id)+"/")
 	}
 	if p.restore != "" {
@@ -182,145 +212,10 @@ func (p *sandboxProc) shimArgs() []string {
 	return append(args, "run", "--bundle", p.bundleDir(), p.id)
 }
 
-// eventBudget bounds the bytes the agent may send for one request. The
-// agent runs beside untrusted code, so its stream is treated as untrusted.
-type eventBudget struct {
-	left atomic.Int64
-}
-
-// reset gives the next request n bytes.
-func (b *eventBudget) reset(n int64) { b.left.Store(n) }
-
-type budgetReader struct {
-	r io.Reader
-	b *eventBudget
-}
-
-var errOverBudget = errors.New("the sandbox sent more event data than the request allows")
-
-func (br budgetReader) Read(p []byte) (int, error) {
-	n, err := br.r.Read(p)
-	if br.b.left.Add(-int64(n)) < 0 {
-		return n, errOverBudget
-	}
-	return n, err
-}
-
-// readEvents decodes the agent's events until its stream ends.
-func (p *sandboxProc) readEvents(pipe *os.File) {
-	defer close(p.events)
-	defer pipe.Close()
-	p.budget.reset(1 << 20) // the Ready event and its framing
-	dec := json.NewDecoder(budgetReader{pipe, &p.budget})
-	for {
-		var ev agent.Event
-		if err := dec.Decode(&ev); err != nil {
-			switch {
-			case errors.Is(err, errOverBudget):
-				p.eventsErr = err
-			case !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed):
-				p.eventsErr = fmt.Errorf("malformed event from the sandbox: %w", err)
-			}
-			// Keep the writers from blocking until they die.
-			_, _ = io.Copy(io.Discard, pipe)
-			return
-		}
-		p.events <- ev
-	}
-}
-
-// observeStart reports how long the sandbox took to be ready.
-func (p *sandboxProc) observeStart() {
-	if observe := p.rt.cfg.ObserveStart; observe != nil {
-		observe(time.Since(p.start))
-	}
-}
-
-// awaitReady waits for the agent's Ready event.
-func (p *sandboxProc) awaitReady(ctx context.Context) error {
-	timer := time.NewTimer(startTimeout)
-	defer timer.Stop()
-	for {
-		select {
-		case ev, ok := <-p.events:
-			switch {
-			case !ok:
-				<-p.exited
-				return fmt.Errorf("%w (runsc exit status %d%s)", errNotStarted, p.runscStatus, p.runscLogTail())
-			case ev.Ready != nil:
-				p.mark("agent_ready")
-				if _, err := p.mem.locate(); err != nil {
-					p.kill()
-					return err
-				}
-				p.ready = true
-				p.observeStart()
-				return nil
-			}
-		case <-timer.C:
-			p.kill()
-			return fmt.Errorf("%w within %s%s", errNotStarted, startTimeout, p.runscLogTail())
-		case <-ctx.Done():
-			p.kill()
-			return ctx.Err()
-		}
-	}
-}
-
-// ending says how a request ended when the agent did not answer it.
-type ending struct {
-	timedOut  bool // the host's deadline passed and the sandbox was killed
-	cancelled bool // the caller's context ended and the sandbox was killed
-	err       error
-}
-
-// request sends req to the agent and waits for its Exit, passing output
-// to stdout and stderr, for at most deadline. If the deadline passes or
-// ctx ends first, the sandbox is killed.
-func (p *sandboxProc) request(ctx context.Context, req agent.Request, budget int64, deadline time.Duration, stdout, stderr *stream) (*agent.Exit, ending) {
-	p.budget.reset(budget)
-	go func() {
-		// The pipe holds 64 KiB; larger requests wait for the agent to read.
-		// If the agent is gone, the write fails and the end of its event
-		// stream tells what happened.
-		p.sendMu.Lock()
-		defer p.sendMu.Unlock()
-		_ = json.NewEncoder(p.stdin).Encode(req)
-	}()
-	timer := time.NewTimer(deadline)
-	defer timer.Stop()
-	for {
-		select {
-		case ev, ok := <-p.events:
-			switch {
-			case !ok:
-				select {
-				case <-p.exited:
-				case <-time.After(5 * time.Second):
-				}
-				return nil, ending{err: p.eventsErr}
-			case ev.Output != nil && ev.Output.Stream == agent.Stdout && stdout != nil:
-				stdout.write(ev.Output.Data)
-			case ev.Output != nil && ev.Output.Stream == agent.Stderr && stderr != nil:
-				stderr.write(ev.Output.Data)
-			case ev.Exit != nil:
-				p.ready = true
-				return ev.Exit, ending{}
-			}
-		case <-timer.C:
-			p.kill()
-			return nil, ending{timedOut: true}
-		case <-ctx.Done():
-			p.kill()
-			return nil, ending{cancelled: true}
-		}
-	}
-}
-
 // kill destroys the sandbox at once and reaps runsc. It does not ask runsc,
 // which may be half-way through creating the sandbox: it kills every
 // process in the run's cgroup. destroy then removes runsc's state.
-func (p *sandboxProc) kill() {
+func (p *sandboxProc) Kill() {
 	if p.cmd == nil {
 		return
 	}
@@ -329,21 +224,23 @@ func (p *sandboxProc) kill() {
 	select {
 	case <-p.exited:
 	case <-time.After(5 * time.Second):
-		p.rt.log.Error("runsc did not exit after SIGKILL", "id", p.id)
+		p.log.Error("runsc did not exit after SIGKILL")
 		<-p.exited
 	}
 }
 
-// usage reads the sandbox's OOM kills and peak memory from its cgroup.
-func (p *sandboxProc) usage() (oomKills uint64, peak int64) {
+// Usage reads the sandbox's OOM kills and peak memory from its cgroup, or
+// from its memory watch where there is none.
+func (p *sandboxProc) Usage() engine.Usage {
 	if p.mem != nil {
-		return p.mem.usage()
+		oomKills, peak := p.mem.usage()
+		return engine.Usage{OOMKills: oomKills, PeakBytes: peak}
 	}
 	oomKills, peak, err := p.cg.usage()
 	if err != nil {
-		p.rt.log.Warn("read cgroup usage", "id", p.id, "err", err)
+		p.log.Warn("read cgroup usage", "err", err)
 	}
-	return oomKills, peak
+	return engine.Usage{OOMKills: oomKills, PeakBytes: peak}
 }
 
 // runscLogTail returns the last line runsc logged, as ": line", or "".
@@ -358,12 +255,12 @@ func (p *sandboxProc) runscLogTail() string {
 	return ""
 }
 
-// destroy removes every trace of the sandbox: its processes, the null
+// Destroy removes every trace of the sandbox: its processes, the null
 // network namespace mount runsc leaves under its root, the state directory
 // and the cgroup. It runs whatever happened before, and reports what it
 // could not remove. Only the first call does the work (and counts the
 // sandbox gone); later ones wait for it and report the same.
-func (p *sandboxProc) destroy() error {
+func (p *sandboxProc) Destroy() error {
 	p.destroyOnce.Do(func() { p.destroyErr = p.remove() })
 	return p.destroyErr
 }
@@ -376,26 +273,25 @@ func (p *sandboxProc) remove() error {
 		select {
 		case <-p.exited:
 		case <-time.After(2 * time.Second):
-			p.kill()
+			p.Kill()
 		}
 	}
 	if p.mem != nil {
 		p.mem.close()
 	}
 	var errs []error
-	if err := cleanRunDir(p.rt, p.dir, p.id); err != nil {
+	if err := cleanRunDir(p.g, p.dir, p.id); err != nil {
 		errs = append(errs, err)
 	}
-	p.rt.removeCgroup(p.id, p.cg)
-	if p.rt.cgroups.Mode == CgroupsNone {
+	p.g.removeCgroup(p.id, p.cg)
+	if p.g.cgroups.Mode == CgroupsNone {
 		p.awaitStragglers(5 * time.Second)
 	}
 	if p.lock != nil {
 		p.lock.Close()
 	}
-	p.mark("cleaned_up")
-	p.rt.liveN.Add(-1)
-	p.rt.live.Done()
+	p.g.liveN.Add(-1)
+	p.g.live.Done()
 	return errors.Join(errs...)
 }
 
@@ -411,7 +307,7 @@ func (p *sandboxProc) awaitStragglers(d time.Duration) {
 			return
 		}
 		if time.Now().After(deadline) {
-			p.rt.log.Error("sandbox processes did not exit after SIGKILL", "id", p.id, "pids", pids)
+			p.log.Error("sandbox processes did not exit after SIGKILL", "pids", pids)
 			return
 		}
 		for _, pid := range pids {
@@ -419,6 +315,22 @@ func (p *sandboxProc) awaitStragglers(d time.Duration) {
 		}
 	}
 }
+
+// MarkPooled marks the sandbox's run directory with a file, pooledMarker,
+// while it waits in the warm pool.
+func (p *sandboxProc) MarkPooled(language string) {
+	path := filepath.Join(p.dir, pooledMarker)
+	if language != "" {
+		_ = os.WriteFile(path, []byte(language+"\n"), 0o600)
+	} else {
+		_ = os.Remove(path)
+	}
+}
+
+// pooledMarker is a file in the run directory of a sandbox that waits in
+// the pool, holding its language, so that operators (and the benchmark)
+// can tell it from one that is starting, running or being removed.
+const pooledMarker = "pooled"
 
 // processesNaming returns the processes whose command line holds mark.
 func processesNaming(mark []byte) []int {
@@ -438,7 +350,7 @@ func processesNaming(mark []byte) []int {
 
 // cleanRunDir force-deletes the container under a run directory if runsc
 // left it, unmounts the null network namespace and removes the directory.
-func cleanRunDir(rt *Runtime, dir, id string) error {
+func cleanRunDir(g *Backend, dir, id string) error {
 	var errs []error
 	root := filepath.Join(dir, "runsc")
 	if entries, err := os.ReadDir(root); err == nil {
@@ -447,7 +359,7 @@ func cleanRunDir(rt *Runtime, dir, id string) error {
 		if slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.Name() != nullNetNS }) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			// A plain delete right after exit can fail; --force always works.
-			if out, err := rt.runsc(ctx, root, "delete", "--force", id); err != nil && !isNotExist(out) {
+			if out, err := g.runsc(ctx, root, "delete", "--force", id); err != nil && !isNotExist(out) {
 				errs = append(errs, err)
 			}
 			cancel()

@@ -1,49 +1,70 @@
-package runtime
+package gvisor
 
 import (
+	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
 // newPoolRuntime returns a test Runtime with a pool of one sandbox for each
 // of langs, restored from checkpoints in a directory of the test's own.
-func newPoolRuntime(t *testing.T, langs ...string) *Runtime {
+func newPoolRuntime(t *testing.T, langs ...string) *testRuntime {
 	t.Helper()
 	sizes := map[string]int{}
 	for _, l := range langs {
 		sizes[l] = 1
 	}
 	ckpt := filepath.Join(t.TempDir(), "checkpoints")
-	return newTestRuntimeWith(t, func(cfg *Config) {
-		cfg.Pool = PoolConfig{Size: sizes, CheckpointDir: ckpt}
+	return newTestRuntimeWith(t, func(cfg *testConfig) {
+		cfg.Engine.Pool = engine.PoolConfig{Size: sizes}
+		cfg.CheckpointDir = ckpt
 	})
 }
 
 // waitPooled waits until lang's pool holds a ready sandbox and returns its
 // ID, which the next run of lang must report.
-func waitPooled(t *testing.T, rt *Runtime, lang string) string {
+func waitPooled(t *testing.T, rt *testRuntime, lang string) string {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Minute) // a first checkpoint build included, on a loaded host
 	for time.Now().Before(deadline) {
-		rt.pool.mu.Lock()
-		ready := rt.pool.langs[lang].ready
-		var id string
-		if len(ready) > 0 {
-			id = ready[0].id
-		}
-		rt.pool.mu.Unlock()
-		if id != "" {
+		if id := pooledSandbox(rt, lang); id != "" {
 			return id
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	t.Fatalf("the %s pool did not fill within 3 minutes", lang)
 	return ""
+}
+
+// pooledSandbox returns the ID of a sandbox waiting in lang's pool, by the
+// marker its run directory holds, or "".
+func pooledSandbox(rt *testRuntime, lang string) string {
+	markers, _ := filepath.Glob(filepath.Join(rt.cfg.StateDir, "*", pooledMarker))
+	for _, m := range markers {
+		if l, err := os.ReadFile(m); err == nil && strings.TrimSpace(string(l)) == lang {
+			return filepath.Base(filepath.Dir(m))
+		}
+	}
+	return ""
+}
+
+// restored says whether the sandbox id was restored from a checkpoint: its
+// runsc was started with `restore`.
+func restored(rt *testRuntime, id string) bool {
+	for _, pid := range processesNaming([]byte(filepath.Join(rt.cfg.StateDir, id) + "/")) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if bytes.Contains(cmdline, []byte("\x00restore\x00")) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestPoolNeverReuses leaves files, a variable, a running process and
@@ -98,11 +119,8 @@ func TestPoolRefillsFromCheckpoint(t *testing.T) {
 	code := "import random, numpy as np, tempfile, os\nprint(random.random(), np.random.rand(), os.path.basename(tempfile.mktemp()))"
 	seen := map[string]bool{}
 	for i := range 3 {
-		waitPooled(t, rt, "python")
-		rt.pool.mu.Lock()
-		restored := rt.pool.langs["python"].ready[0].restore != ""
-		rt.pool.mu.Unlock()
-		if i > 0 && !restored {
+		id := waitPooled(t, rt, "python")
+		if i > 0 && !restored(rt, id) {
 			t.Errorf("refill %d was a cold start, not a restore", i)
 		}
 		res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code})
@@ -112,7 +130,7 @@ func TestPoolRefillsFromCheckpoint(t *testing.T) {
 		}
 		seen[res.Stdout] = true
 	}
-	images, _ := filepath.Glob(filepath.Join(rt.cfg.Pool.CheckpointDir, "python-*", checkpointDone))
+	images, _ := filepath.Glob(filepath.Join(rt.cfg.CheckpointDir, "python-*", checkpointDone))
 	if len(images) != 1 {
 		t.Errorf("checkpoint images: %v, want exactly one complete", images)
 	}
@@ -134,7 +152,7 @@ func TestPoolSameResults(t *testing.T) {
 		{Language: "node", Code: "console.log(require.main === module, process.argv.length); process.exit(5)"},
 		{Language: "bash", Code: "echo $0 $BASH_VERSION >/dev/null; echo hi; exit 7"},
 	}
-	run := func(rt *Runtime, wait bool) []sandbox.Result {
+	run := func(rt *testRuntime, wait bool) []sandbox.Result {
 		var out []sandbox.Result
 		for _, job := range jobs {
 			if wait {
@@ -182,9 +200,9 @@ func TestPoolOnlyForItsLimits(t *testing.T) {
 // starts cold in that image, leaving the pool's sandbox, of the language's
 // image, alone.
 func TestPoolOnlyForItsImage(t *testing.T) {
-	rt := newTestRuntimeWith(t, func(cfg *Config) {
-		cfg.Pool = PoolConfig{Size: map[string]int{"bash": 1}}
-		cfg.Policy.Images = []string{"other"}
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) {
+		cfg.Engine.Pool = engine.PoolConfig{Size: map[string]int{"bash": 1}}
+		cfg.Engine.Policy.Images = []string{"other"}
 		rootfs := cfg.Rootfs
 		cfg.Images = func(ref string) (Image, error) {
 			return Image{Rootfs: rootfs, Env: []string{"GREETING=from-" + ref}}, nil

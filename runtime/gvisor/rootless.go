@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 // Running without root. gVisor needs privileges a desktop user does not
 // have (mount and network namespaces, chroot, pivot_root), and runsc's own

@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"errors"
@@ -102,8 +102,8 @@ func (w *memoryWatch) run(p *sandboxProc) {
 		sentry, err := w.locate()
 		if err != nil {
 			if time.Now().After(giveUp) {
-				p.rt.log.Error("kill sandbox", "id", p.id, "err", err)
-				p.kill()
+				p.g.log.Error("kill sandbox", "id", p.id, "err", err)
+				p.Kill()
 				return
 			}
 			continue
@@ -118,7 +118,7 @@ func (w *memoryWatch) run(p *sandboxProc) {
 		if file > w.limit || whole > w.limit+bundle.MemoryHeadroom {
 			w.tripped.Store(true)
 			_ = syscall.Kill(sentry, syscall.SIGKILL)
-			p.kill()
+			p.Kill()
 			return
 		}
 	}

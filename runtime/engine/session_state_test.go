@@ -1,8 +1,6 @@
-package runtime
+package engine
 
 import (
-	"log/slog"
-	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -54,23 +52,5 @@ func TestSessionIDsAreUnguessable(t *testing.T) {
 			t.Fatalf("session ID %q repeated", id)
 		}
 		seen[id] = true
-	}
-}
-
-// TestDestroyTwice: destroying a sandbox twice is harmless, and counts it
-// gone once (it used to panic: negative WaitGroup counter).
-func TestDestroyTwice(t *testing.T) {
-	rt := &Runtime{cfg: Config{StateDir: t.TempDir()}, log: slog.Default()}
-	p := &sandboxProc{rt: rt, id: "safe-run-destroy-twice"}
-	p.dir = filepath.Join(rt.cfg.StateDir, p.id)
-	rt.live.Add(1)
-	rt.liveN.Add(1)
-	for i := range 2 {
-		if err := p.destroy(); err != nil {
-			t.Errorf("destroy %d: %v", i+1, err)
-		}
-	}
-	if n := rt.LiveSandboxes(); n != 0 {
-		t.Errorf("%d live sandboxes after destroying the only one, want 0", n)
 	}
 }

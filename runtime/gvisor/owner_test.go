@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 // Integration test of session ownership, with the real runsc and image.
 

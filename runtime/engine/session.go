@@ -1,4 +1,4 @@
-package runtime
+package engine
 
 import (
 	"context"
@@ -32,23 +32,25 @@ type SessionConfig struct {
 	OnEnd func(info sandbox.SessionInfo, reason string)
 }
 
+// DefaultSessions holds the bounds a zero SessionConfig field takes; the
+// CLI's flags default to them too.
+var DefaultSessions = SessionConfig{MaxSessions: 8, IdleTimeout: 10 * time.Minute, MaxLifetime: time.Hour}
+
 func (c SessionConfig) withDefaults() SessionConfig {
 	if c.MaxSessions == 0 {
-		c.MaxSessions = 8
+		c.MaxSessions = DefaultSessions.MaxSessions
 	}
 	if c.IdleTimeout == 0 {
-		c.IdleTimeout = 10 * time.Minute
+		c.IdleTimeout = DefaultSessions.IdleTimeout
 	}
 	if c.MaxLifetime == 0 {
-		c.MaxLifetime = time.Hour
+		c.MaxLifetime = DefaultSessions.MaxLifetime
 	}
 	return c
 }
 
 // fileOpTimeout bounds a session's file operations.
 const fileOpTimeout = 30 * time.Second
-
-var _ sandbox.Sessions = (*Runtime)(nil)
 
 // sessionState is where a session is in its life. It changes only through
 // session.move, which refuses a move its table does not allow, so that every
@@ -95,8 +97,8 @@ type session struct {
 	// between, the owner the state names uses proc alone.
 	stMu  sync.Mutex
 	state sessionState
-	proc  *sandboxProc // the live sandbox, if any
-	why   string       // why it was closed, for OnEnd; "" if it never began
+	proc  *box   // the live sandbox, if any
+	why   string // why it was closed, for OnEnd; "" if it never began
 
 	// reportLost says the sandbox died outside a cell (in a file
 	// operation): the next cell says its state was lost. Guarded by mu.
@@ -145,13 +147,12 @@ type sessionTable struct {
 	stopMu  sync.Once
 }
 
-func (rt *Runtime) table() *sessionTable {
-	rt.sessionsOnce.Do(func() {
-		rt.sessions = &sessionTable{cfg: rt.cfg.Sessions.withDefaults(), m: map[string]*session{},
-			stop: make(chan struct{}), stopped: make(chan struct{})}
-	})
-	return rt.sessions
+func newSessionTable(cfg SessionConfig) *sessionTable {
+	return &sessionTable{cfg: cfg.withDefaults(), m: map[string]*session{},
+		stop: make(chan struct{}), stopped: make(chan struct{})}
 }
+
+func (e *Engine) table() *sessionTable { return e.sessions }
 
 // newSessionID returns an unguessable session ID: 128 random bits.
 func newSessionID() string {
@@ -163,15 +164,15 @@ func newSessionID() string {
 // CreateSession starts a session: its sandbox, with the agent waiting for
 // cells. The interpreter itself starts with the first call. Closing the
 // session while it starts cancels the start.
-func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
-	job, lang, err := rt.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits})
+func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
+	job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits})
 	if err != nil {
 		return sandbox.SessionInfo{}, err
 	}
 	if lang.Interpreter == "" {
 		return sandbox.SessionInfo{}, &sandbox.InputError{Field: "language", Msg: fmt.Sprintf("%q %v", lang.Name, sandbox.ErrSessionsUnsupported)}
 	}
-	t := rt.table()
+	t := e.table()
 	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now(), gone: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lastUsed.Store(s.created.UnixNano())
@@ -181,17 +182,17 @@ func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) 
 	switch {
 	case t.closed:
 		t.mu.Unlock()
-		return sandbox.SessionInfo{}, errors.New("the server is shutting down; no new sessions")
+		return sandbox.SessionInfo{}, sandbox.WithClass(errors.New("the server is shutting down; no new sessions"), sandbox.ErrUnavailable)
 	case len(t.m) >= t.cfg.MaxSessions:
 		t.mu.Unlock()
 		return sandbox.SessionInfo{}, fmt.Errorf("%w (the limit is %d)", sandbox.ErrTooManySessions, t.cfg.MaxSessions)
 	}
 	t.m[s.id] = s // the place counts from now until the sandbox is gone
 	t.mu.Unlock()
-	t.janitor.Do(func() { go rt.expireSessions() })
+	t.janitor.Do(func() { go e.expireSessions() })
 
 	bootCtx, done := s.bind(ctx)
-	p, err := rt.startSessionSandbox(bootCtx, lang.Name, job.Limits)
+	p, err := e.startSessionSandbox(bootCtx, job)
 	done()
 	s.stMu.Lock()
 	switch {
@@ -201,36 +202,43 @@ func (rt *Runtime) CreateSession(ctx context.Context, spec sandbox.SessionSpec) 
 		if err = s.move(sessionReady); err == nil {
 			s.proc = p
 			s.stMu.Unlock()
-			rt.log.Info("session created", "session", s.id, "language", lang.Name, "sandbox", p.id)
-			return rt.info(s), nil
+			e.log.Info("session created", "session", s.id, "language", lang.Name, "sandbox", p.id())
+			return e.info(s), nil
 		}
 	default:
 		_ = s.move(sessionClosed) // the boot failed: the session never began
 		s.cancel()
 	}
 	s.stMu.Unlock()
-	rt.endSession(s, p) // p is nil unless the session was closed after its boot
+	e.endSession(s, p) // p is nil unless the session was closed after its boot
 	return sandbox.SessionInfo{}, err
 }
 
-// startSessionSandbox starts a session's sandbox and waits for its agent.
-// On error nothing is left.
-func (rt *Runtime) startSessionSandbox(ctx context.Context, lang string, limits sandbox.Limits) (*sandboxProc, error) {
-	p, err := rt.startSandbox(sandbox.Job{Language: lang, Limits: limits}, false, "")
-	if err != nil {
-		return nil, fmt.Errorf("start the session's sandbox: %w", err)
+// startSessionSandbox starts a session's sandbox for job (its language
+// and limits) and waits for its agent. On error nothing is left; the error
+// is of class unavailable unless the start was cancelled.
+func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box, error) {
+	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits}, true), "")
+	if err == nil {
+		if err = b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
+			_ = b.destroy()
+		}
 	}
-	if err := p.awaitReady(ctx); err != nil {
-		_ = p.destroy()
-		return nil, fmt.Errorf("start the session's sandbox: %w", err)
+	switch {
+	case err == nil:
+		return b, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("start the session's sandbox: %w", ctx.Err())
+	case sandbox.Class(err) == nil:
+		err = sandbox.WithClass(err, sandbox.ErrUnavailable)
 	}
-	return p, nil
+	return nil, fmt.Errorf("start the session's sandbox: %w", err)
 }
 
 // lookup finds a live session of the owner ctx acts for; another owner's
 // session is reported exactly as an unknown one.
-func (rt *Runtime) lookup(ctx context.Context, id string) (*session, error) {
-	t := rt.table()
+func (e *Engine) lookup(ctx context.Context, id string) (*session, error) {
+	t := e.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
@@ -243,8 +251,8 @@ func (rt *Runtime) lookup(ctx context.Context, id string) (*session, error) {
 // call runs f with the session's sandbox, one call at a time, starting a
 // new sandbox if the last one died. f's context ends with ctx or when the
 // session is closed; f may destroy the sandbox and set s.proc to nil.
-func (rt *Runtime) call(ctx context.Context, id string, f func(ctx context.Context, s *session) error) error {
-	s, err := rt.lookup(ctx, id)
+func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context, s *session) error) error {
+	s, err := e.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
@@ -258,9 +266,9 @@ func (rt *Runtime) call(ctx context.Context, id string, f func(ctx context.Conte
 	}
 	ctx, done := s.bind(ctx)
 	defer done()
-	defer rt.release(s)
+	defer e.release(s)
 	if s.proc == nil {
-		p, err := rt.startSessionSandbox(ctx, s.lang.Name, s.limits)
+		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits})
 		if err != nil {
 			return err
 		}
@@ -273,14 +281,14 @@ func (rt *Runtime) call(ctx context.Context, id string, f func(ctx context.Conte
 
 // release ends a call: the session is idle again, or, if it was closed
 // during the call, it ends here.
-func (rt *Runtime) release(s *session) {
+func (e *Engine) release(s *session) {
 	s.lastUsed.Store(time.Now().UnixNano())
 	s.stMu.Lock()
 	if s.state == sessionClosed {
 		p := s.proc
 		s.proc = nil
 		s.stMu.Unlock()
-		rt.endSession(s, p)
+		e.endSession(s, p)
 		return
 	}
 	to := sessionReady
@@ -290,13 +298,13 @@ func (rt *Runtime) release(s *session) {
 	err := s.move(to)
 	s.stMu.Unlock()
 	if err != nil {
-		rt.log.Error("end a session call", "err", err)
+		e.log.Error("end a session call", "err", err)
 	}
 }
 
 // RunInSession runs job's code in the session's interpreter.
-func (rt *Runtime) RunInSession(ctx context.Context, id string, job sandbox.Job) (sandbox.Result, error) {
-	s, err := rt.lookup(ctx, id)
+func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (sandbox.Result, error) {
+	s, err := e.lookup(ctx, id)
 	if err != nil {
 		return sandbox.Result{}, err
 	}
@@ -316,15 +324,15 @@ func (rt *Runtime) RunInSession(ctx context.Context, id string, job sandbox.Job)
 		callLimits.OutputBytes = job.Limits.OutputBytes
 	}
 	job.Limits = callLimits
-	if job, _, err = rt.cfg.Policy.Check(job); err != nil {
+	if job, _, err = e.cfg.Policy.Check(job); err != nil {
 		return sandbox.Result{}, err
 	}
 
 	start := time.Now()
 	var res sandbox.Result
-	err = rt.call(ctx, id, func(ctx context.Context, s *session) error {
+	err = e.call(ctx, id, func(ctx context.Context, s *session) error {
 		s.calls.Add(1)
-		res = rt.evalCell(ctx, s, job)
+		res = e.evalCell(ctx, s, job)
 		return nil
 	})
 	res.DurationMS = time.Since(start).Milliseconds()
@@ -333,33 +341,34 @@ func (rt *Runtime) RunInSession(ctx context.Context, id string, job sandbox.Job)
 
 // evalCell runs one cell; if the sandbox dies or is killed on the way, the
 // session loses its state and gets a new sandbox at its next call.
-func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sandbox.Result {
+func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sandbox.Result {
 	p := s.proc
-	res := sandbox.Result{SandboxID: p.id, ExitCode: -1}
+	res := sandbox.Result{SandboxID: p.id(), ExitCode: -1}
 	req := agent.Request{
 		Op: agent.OpEval, Interpreter: s.lang.Interpreter, Code: job.Code, Stdin: job.Stdin,
 		Files: agentFiles(job.Files), Timeout: job.Limits.Timeout, OutputBytes: job.Limits.OutputBytes,
-		Collect: rt.collect(job),
+		Collect: e.collect(job),
 	}
 	stdout, stderr := newStreams(job)
 	// The agent interrupts the cell at its timeout and kills the
 	// interpreter agent.InterruptGrace later; the host waits a little longer.
-	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+agent.InterruptGrace+killGrace+time.Second, stdout, stderr)
+	exit, end := p.request(ctx, req, e.eventBudget(job), job.Limits.Timeout+agent.InterruptGrace+killGrace+time.Second, stdout, stderr)
 	res = finishStreams(res, exit, stdout, stderr)
-	res.Files = rt.outputFiles(job, exit)
+	res.Files = e.outputFiles(job, exit)
 	lost := s.reportLost
 	s.reportLost = false
 	if exit == nil {
 		// The sandbox is gone: it was killed at the deadline or on cancel, or
 		// it died, for example out of memory.
-		oomKills, peak := p.usage()
-		res.MemoryPeakBytes = peak
+		usage := p.sb.Usage()
+		oomKills := usage.OOMKills
+		res.MemoryPeakBytes = usage.PeakBytes
 		if err := p.destroy(); err != nil {
-			rt.log.Error("clean up session sandbox", "session", s.id, "err", err)
+			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
 		s.proc = nil
 		if !end.timedOut && !end.cancelled && oomKills == 0 {
-			res = rt.sandboxError(res, fmt.Errorf("the session's sandbox ended unexpectedly: %v", end.err))
+			res = e.sandboxError(res, fmt.Errorf("the session's sandbox ended unexpectedly: %v", end.err))
 		} else {
 			res = outcome(res, job, nil, end, oomKills)
 		}
@@ -368,9 +377,9 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 		return res
 	}
 	if exit.Error != "" {
-		return rt.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error))
+		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error))
 	}
-	_, res.MemoryPeakBytes = p.usage()
+	res.MemoryPeakBytes = p.sb.Usage().PeakBytes
 	res = outcome(res, job, exit, end, 0)
 	res.StateLost = lost || exit.StateLost
 	if exit.StateLost {
@@ -383,16 +392,16 @@ func (rt *Runtime) evalCell(ctx context.Context, s *session, job sandbox.Job) sa
 }
 
 // WriteFiles writes files into the session's workspace.
-func (rt *Runtime) WriteFiles(ctx context.Context, id string, files []sandbox.File) error {
-	s, err := rt.lookup(ctx, id)
+func (e *Engine) WriteFiles(ctx context.Context, id string, files []sandbox.File) error {
+	s, err := e.lookup(ctx, id)
 	if err != nil {
 		return err
 	}
-	if _, _, err := rt.cfg.Policy.Check(sandbox.Job{Language: s.lang.Name, Code: "files", Files: files}); err != nil {
+	if _, _, err := e.cfg.Policy.Check(sandbox.Job{Language: s.lang.Name, Code: "files", Files: files}); err != nil {
 		return err
 	}
-	return rt.call(ctx, id, func(ctx context.Context, s *session) error {
-		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpWrite, Files: agentFiles(files)})
+	return e.call(ctx, id, func(ctx context.Context, s *session) error {
+		exit, err := e.fileOp(ctx, s, agent.Request{Op: agent.OpWrite, Files: agentFiles(files)})
 		if err == nil && exit.Error != "" {
 			err = &sandbox.InputError{Field: "files", Msg: exit.Error}
 		}
@@ -401,14 +410,14 @@ func (rt *Runtime) WriteFiles(ctx context.Context, id string, files []sandbox.Fi
 }
 
 // ReadFile returns a file of the session's workspace.
-func (rt *Runtime) ReadFile(ctx context.Context, id, name string) (sandbox.OutputFile, error) {
+func (e *Engine) ReadFile(ctx context.Context, id, name string) (sandbox.OutputFile, error) {
 	if err := sandbox.CheckPath(name); err != nil {
 		return sandbox.OutputFile{}, &sandbox.InputError{Field: "path", Msg: err.Error()}
 	}
 	var file sandbox.OutputFile
-	err := rt.call(ctx, id, func(ctx context.Context, s *session) error {
-		max := rt.cfg.Policy.OutputFileLimits().MaxFileBytes
-		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpRead, Path: name, MaxBytes: max})
+	err := e.call(ctx, id, func(ctx context.Context, s *session) error {
+		max := e.cfg.Policy.OutputFileLimits().MaxFileBytes
+		exit, err := e.fileOp(ctx, s, agent.Request{Op: agent.OpRead, Path: name, MaxBytes: max})
 		switch {
 		case err != nil:
 			return err
@@ -428,7 +437,7 @@ func (rt *Runtime) ReadFile(ctx context.Context, id, name string) (sandbox.Outpu
 const maxListedFiles = 1000
 
 // ListFiles lists the session's workspace below dir.
-func (rt *Runtime) ListFiles(ctx context.Context, id, dir string) ([]sandbox.OutputFile, error) {
+func (e *Engine) ListFiles(ctx context.Context, id, dir string) ([]sandbox.OutputFile, error) {
 	if dir == "" {
 		dir = "."
 	}
@@ -438,8 +447,8 @@ func (rt *Runtime) ListFiles(ctx context.Context, id, dir string) ([]sandbox.Out
 		}
 	}
 	var files []sandbox.OutputFile
-	err := rt.call(ctx, id, func(ctx context.Context, s *session) error {
-		exit, err := rt.fileOp(ctx, s, agent.Request{Op: agent.OpList, Path: dir, MaxFiles: maxListedFiles})
+	err := e.call(ctx, id, func(ctx context.Context, s *session) error {
+		exit, err := e.fileOp(ctx, s, agent.Request{Op: agent.OpList, Path: dir, MaxFiles: maxListedFiles})
 		switch {
 		case err != nil:
 			return err
@@ -458,8 +467,8 @@ func (rt *Runtime) ListFiles(ctx context.Context, id, dir string) ([]sandbox.Out
 }
 
 // fileOp sends a file operation to the session's agent.
-func (rt *Runtime) fileOp(ctx context.Context, s *session, req agent.Request) (*agent.Exit, error) {
-	budget := 2*rt.cfg.Policy.OutputFileLimits().MaxFileBytes + 1<<20
+func (e *Engine) fileOp(ctx context.Context, s *session, req agent.Request) (*agent.Exit, error) {
+	budget := 2*e.cfg.Policy.OutputFileLimits().MaxFileBytes + 1<<20
 	for _, f := range req.Files {
 		budget += int64(len(f.Data))
 	}
@@ -478,12 +487,12 @@ func (rt *Runtime) fileOp(ctx context.Context, s *session, req agent.Request) (*
 // CloseSession ends a session at once, even in the middle of a call or
 // while its sandbox starts, and returns once its sandbox is gone (or ctx
 // ends).
-func (rt *Runtime) CloseSession(ctx context.Context, id string) error {
-	t := rt.table()
+func (e *Engine) CloseSession(ctx context.Context, id string) error {
+	t := e.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
-	if !ok || s.owner != sandbox.OwnerFrom(ctx) || !rt.closeSession(s, "closed") {
+	if !ok || s.owner != sandbox.OwnerFrom(ctx) || !e.closeSession(s, "closed") {
 		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
 	select {
@@ -497,7 +506,7 @@ func (rt *Runtime) CloseSession(ctx context.Context, id string) error {
 // closeSession closes s, and reports false if it was closed already. A
 // boot or call in progress is cancelled, and ends the session itself when
 // it returns; an idle session ends here.
-func (rt *Runtime) closeSession(s *session, why string) bool {
+func (e *Engine) closeSession(s *session, why string) bool {
 	s.stMu.Lock()
 	was := s.state
 	if s.move(sessionClosed) != nil {
@@ -505,14 +514,14 @@ func (rt *Runtime) closeSession(s *session, why string) bool {
 		return false
 	}
 	s.why = why
-	var p *sandboxProc
+	var p *box
 	if was == sessionReady || was == sessionLost {
 		p, s.proc = s.proc, nil
 	}
 	s.stMu.Unlock()
 	s.cancel()
 	if was == sessionReady || was == sessionLost {
-		rt.endSession(s, p)
+		e.endSession(s, p)
 	}
 	return true
 }
@@ -520,13 +529,13 @@ func (rt *Runtime) closeSession(s *session, why string) bool {
 // endSession destroys a closed session's sandbox, if it has one, and takes
 // the session out of the table. It runs once per session, on the path that
 // owned the session when it closed.
-func (rt *Runtime) endSession(s *session, p *sandboxProc) {
+func (e *Engine) endSession(s *session, p *box) {
 	if p != nil {
 		if err := p.destroy(); err != nil {
-			rt.log.Error("clean up session sandbox", "session", s.id, "err", err)
+			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
 	}
-	t := rt.table()
+	t := e.table()
 	t.mu.Lock()
 	delete(t.m, s.id)
 	t.mu.Unlock()
@@ -534,17 +543,17 @@ func (rt *Runtime) endSession(s *session, p *sandboxProc) {
 	if s.why == "" {
 		return // it never began: its creator hears why
 	}
-	rt.log.Info("session ended", "session", s.id, "why", s.why, "calls", s.calls.Load())
+	e.log.Info("session ended", "session", s.id, "why", s.why, "calls", s.calls.Load())
 	if end := t.cfg.OnEnd; end != nil {
-		end(rt.info(s), s.why)
+		end(e.info(s), s.why)
 	}
 }
 
 // CloseSessions ends every session, refuses new ones and stops the
 // expiry of idle sessions; a server calls it before exit. It returns once
 // every session's sandbox is gone.
-func (rt *Runtime) CloseSessions() {
-	t := rt.table()
+func (e *Engine) CloseSessions() {
+	t := e.table()
 	t.mu.Lock()
 	t.closed = true
 	all := slices.Collect(maps.Values(t.m))
@@ -554,7 +563,7 @@ func (rt *Runtime) CloseSessions() {
 		t.janitor.Do(func() { close(t.stopped) }) // it never started
 	})
 	for _, s := range all {
-		rt.closeSession(s, "server shutting down")
+		e.closeSession(s, "server shutting down")
 	}
 	for _, s := range all {
 		<-s.gone
@@ -564,13 +573,13 @@ func (rt *Runtime) CloseSessions() {
 
 // ListSessions describes the live sessions, oldest first: those starting,
 // idle or in a call.
-func (rt *Runtime) ListSessions() []sandbox.SessionInfo {
-	t := rt.table()
+func (e *Engine) ListSessions() []sandbox.SessionInfo {
+	t := e.table()
 	t.mu.Lock()
 	var out []sandbox.SessionInfo
 	for _, s := range t.m {
 		if s.current() != sessionClosed {
-			out = append(out, rt.info(s))
+			out = append(out, e.info(s))
 		}
 	}
 	t.mu.Unlock()
@@ -578,8 +587,8 @@ func (rt *Runtime) ListSessions() []sandbox.SessionInfo {
 	return out
 }
 
-func (rt *Runtime) info(s *session) sandbox.SessionInfo {
-	cfg := rt.table().cfg
+func (e *Engine) info(s *session) sandbox.SessionInfo {
+	cfg := e.table().cfg
 	last := time.Unix(0, s.lastUsed.Load())
 	expires := last.Add(cfg.IdleTimeout)
 	if end := s.created.Add(cfg.MaxLifetime); end.Before(expires) {
@@ -591,8 +600,8 @@ func (rt *Runtime) info(s *session) sandbox.SessionInfo {
 
 // expireSessions ends sessions that were idle too long or lived too long,
 // until CloseSessions.
-func (rt *Runtime) expireSessions() {
-	t := rt.table()
+func (e *Engine) expireSessions() {
+	t := e.table()
 	defer close(t.stopped)
 	tick := time.NewTicker(min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond))
 	defer tick.Stop()
@@ -623,7 +632,7 @@ func (rt *Runtime) expireSessions() {
 		}
 		t.mu.Unlock()
 		for i, s := range expired {
-			rt.closeSession(s, why[i])
+			e.closeSession(s, why[i])
 		}
 	}
 }

@@ -1,9 +1,10 @@
-package runtime
+package gvisor
 
 // Integration tests of sessions, with the real runsc and image (see
 // integration_test.go for how they are enabled).
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"os"
@@ -13,10 +14,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
-func newSession(t *testing.T, rt *Runtime, lang string) string {
+func newSession(t *testing.T, rt *testRuntime, lang string) string {
 	t.Helper()
 	info, err := rt.CreateSession(context.Background(), sandbox.SessionSpec{Language: lang})
 	if err != nil {
@@ -25,7 +27,7 @@ func newSession(t *testing.T, rt *Runtime, lang string) string {
 	return info.ID
 }
 
-func cell(t *testing.T, rt *Runtime, id, code string, limits ...sandbox.Limits) sandbox.Result {
+func cell(t *testing.T, rt *testRuntime, id, code string, limits ...sandbox.Limits) sandbox.Result {
 	t.Helper()
 	job := sandbox.Job{Code: code, OutputDir: "out"}
 	if len(limits) > 0 {
@@ -149,16 +151,17 @@ func TestSessionLimitAndExpiry(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts nine sandboxes")
 	}
-	rt := newTestRuntime(t, sandbox.Policy{})
 	// Long enough that none expires while nine start on a loaded host.
 	var endMu sync.Mutex
 	ends := map[string]string{}
-	rt.cfg.Sessions = SessionConfig{MaxSessions: 8, IdleTimeout: 15 * time.Second, MaxLifetime: time.Hour,
-		OnEnd: func(info sandbox.SessionInfo, reason string) {
-			endMu.Lock()
-			ends[info.ID] = reason
-			endMu.Unlock()
-		}}
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) {
+		cfg.Engine.Sessions = engine.SessionConfig{MaxSessions: 8, IdleTimeout: 15 * time.Second, MaxLifetime: time.Hour,
+			OnEnd: func(info sandbox.SessionInfo, reason string) {
+				endMu.Lock()
+				ends[info.ID] = reason
+				endMu.Unlock()
+			}}
+	})
 	t.Cleanup(rt.CloseSessions)
 	var ids []string
 	for range 8 {
@@ -230,21 +233,22 @@ func TestCloseSessionLeavesNothing(t *testing.T) {
 // that a new Runtime removes it.
 func TestReapStale(t *testing.T) {
 	rt := newTestRuntime(t, sandbox.Policy{})
-	p, err := rt.startSandbox(sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, false, "")
+	p, err := rt.g.startSandbox(engine.StartSpec{Job: sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, KeepAlive: true}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := p.awaitReady(context.Background()); err != nil {
-		t.Fatal(err)
+	if _, err := bufio.NewReader(p.Events()).ReadString('\n'); err != nil {
+		t.Fatalf("no Ready event from the agent: %v", err)
 	}
 	// Forget it without cleaning up, as a SIGKILLed server would: the lock
 	// and the bookkeeping go with the process, runsc and the sandbox stay.
 	p.lock.Close()
-	rt.live.Done()
+	rt.g.live.Done()
+	rt.g.liveN.Add(-1)
 	if _, err := os.Stat(filepath.Join(rt.cfg.StateDir, p.id)); err != nil {
 		t.Fatal(err)
 	}
-	rt2, err := New(rt.cfg)
+	rt2, err := startStack(rt.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,13 @@
-package runtime
+package gvisor
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 func TestCheckProgram(t *testing.T) {
@@ -31,12 +34,13 @@ func TestCheckProgram(t *testing.T) {
 		{"empty", write("empty", ""), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := checkProgram(tc.path, "runsc", "build it with `make runsc`")
+			err := checkProgram(tc.path, ErrRunsc)
 			if (err == nil) != tc.ok {
 				t.Fatalf("checkProgram = %v, want ok %v", err, tc.ok)
 			}
-			if err != nil && (!strings.Contains(err.Error(), tc.path) || !strings.Contains(err.Error(), "make runsc")) {
-				t.Errorf("error %q does not name the file and the fix", err)
+			// The fact and the part, for the caller to add the fix; the class.
+			if err != nil && (!strings.Contains(err.Error(), tc.path) || !errors.Is(err, ErrRunsc) || sandbox.Class(err) != sandbox.ErrUnavailable) {
+				t.Errorf("error %q does not name the file, or is not of part runsc and class unavailable", err)
 			}
 		})
 	}

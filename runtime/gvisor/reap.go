@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"errors"
@@ -32,8 +32,8 @@ func lockRunDir(dir string) (*os.File, error) {
 // runsc state deleted, its null network namespace unmounted, its cgroups
 // (where this process would have created them) removed, and is deleted.
 // It returns the IDs it reaped.
-func (rt *Runtime) reapStale() ([]string, error) {
-	entries, err := os.ReadDir(rt.cfg.StateDir)
+func (g *Backend) reapStale() ([]string, error) {
+	entries, err := os.ReadDir(g.cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("reap stale sandboxes: %w", err)
 	}
@@ -44,7 +44,7 @@ func (rt *Runtime) reapStale() ([]string, error) {
 		if !e.IsDir() || !strings.HasPrefix(id, "safe-run-") {
 			continue
 		}
-		dir := filepath.Join(rt.cfg.StateDir, id)
+		dir := filepath.Join(g.cfg.StateDir, id)
 		lock, err := lockRunDir(dir)
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			continue // a live run of another safe-run process
@@ -54,13 +54,13 @@ func (rt *Runtime) reapStale() ([]string, error) {
 			continue
 		}
 		cg := &runCgroup{paths: map[string]string{}}
-		for c, parent := range rt.cgroups.Parents {
+		for c, parent := range g.cgroups.Parents {
 			cg.paths[c] = filepath.Join(parent, id)
 		}
-		if err := cg.open(rt.cgroups); err == nil {
-			rt.removeCgroup(id, cg)
+		if err := cg.open(g.cgroups); err == nil {
+			g.removeCgroup(id, cg)
 		}
-		if err := cleanRunDir(rt, dir, id); err != nil {
+		if err := cleanRunDir(g, dir, id); err != nil {
 			errs = append(errs, fmt.Errorf("reap %s: %w", id, err))
 		}
 		lock.Close()
@@ -69,7 +69,7 @@ func (rt *Runtime) reapStale() ([]string, error) {
 	// Empty cgroups whose removal a dead process did not finish. One with
 	// processes, or made in the last minute, may belong to a live run of
 	// another safe-run process (with another state directory): leave it.
-	for c, parent := range rt.cgroups.Parents {
+	for c, parent := range g.cgroups.Parents {
 		dirs, _ := filepath.Glob(filepath.Join(parent, "safe-run-*"))
 		for _, d := range dirs {
 			fi, err := os.Stat(d)
@@ -77,7 +77,7 @@ func (rt *Runtime) reapStale() ([]string, error) {
 				continue
 			}
 			cg := &runCgroup{paths: map[string]string{c: d}}
-			if cg.open(rt.cgroups) != nil {
+			if cg.open(g.cgroups) != nil {
 				continue
 			}
 			if pids, err := cg.mgr.GetAllPids(); err == nil && len(pids) == 0 {

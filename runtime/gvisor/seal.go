@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"crypto/hmac"

@@ -1,4 +1,4 @@
-package runtime
+package engine
 
 import (
 	"context"
@@ -15,94 +15,98 @@ import (
 // Run runs job in a fresh sandbox and destroys the sandbox afterwards. It
 // returns an error only for an invalid job (*sandbox.InputError); every
 // other failure is a Result with status sandbox_error.
-func (rt *Runtime) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, error) {
-	job, lang, err := rt.cfg.Policy.Check(job)
+func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, error) {
+	job, lang, err := e.cfg.Policy.Check(job)
 	if err != nil {
 		return sandbox.Result{}, err
 	}
 	start := time.Now()
 	res := sandbox.Result{ExitCode: -1}
-	p := rt.pool.take(job)
-	pooled := p != nil
+	b := e.pool.take(job)
+	pooled := b != nil
 	if !pooled {
-		p, err = rt.startSandbox(job, true, "")
+		b, err = e.startBox(e.spec(job, false), "")
 	}
 	switch {
 	case err != nil:
-		res = rt.sandboxError(res, err)
+		res = e.sandboxError(res, err)
 	case pooled:
-		res.SandboxID = p.id
-		res = rt.runOnce(ctx, p, job, lang, res)
+		res.SandboxID = b.id()
+		res = e.runOnce(ctx, b, job, lang, res)
 		// The result is complete: the caller need not wait for the
 		// sandbox's removal, which Wait still accounts for.
 		go func() {
-			if err := p.destroy(); err != nil {
-				rt.log.Error("clean up pooled sandbox", "id", p.id, "err", err)
+			if err := b.destroy(); err != nil {
+				b.log.Error("clean up pooled sandbox", "err", err)
 			}
-			rt.pool.released()
+			e.pool.released()
 		}()
-		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status,
-			"pooled", true, slog.Group("ms_since_start", p.phases...))
+		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
+			"pooled", true, slog.Group("ms_since_start", b.phases...))
 	default:
-		res.SandboxID = p.id
-		res = rt.runOnce(ctx, p, job, lang, res)
-		if err := p.destroy(); err != nil {
-			rt.log.Error("clean up sandbox", "id", p.id, "err", err)
+		res.SandboxID = b.id()
+		res = e.runOnce(ctx, b, job, lang, res)
+		if err := b.destroy(); err != nil {
+			b.log.Error("clean up sandbox", "err", err)
 			if res.Status == sandbox.StatusOK || res.Status == sandbox.StatusError {
 				res.Message = "the run finished, but cleaning up its sandbox failed: " + err.Error()
 			}
 		}
-		rt.log.Debug("run finished", "id", p.id, "language", job.Language, "status", res.Status,
-			"exit_code", res.ExitCode, slog.Group("ms_since_start", p.phases...))
+		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
+			"exit_code", res.ExitCode, slog.Group("ms_since_start", b.phases...))
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
 }
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
-func (rt *Runtime) runOnce(ctx context.Context, p *sandboxProc, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
-	if !p.ready {
-		if err := p.awaitReady(ctx); err != nil {
+func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
+	if b.current() == statusStarting {
+		if err := b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
 			if ctx.Err() != nil {
 				return outcome(res, job, nil, ending{cancelled: true}, 0)
 			}
-			return rt.sandboxError(res, err)
+			return e.sandboxError(res, err)
 		}
 	}
-	req := rt.request(job, lang)
+	req := e.request(job, lang)
 	stdout, stderr := newStreams(job)
-	p.mark("request")
-	exit, end := p.request(ctx, req, rt.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
-	p.mark("answered")
+	b.mark("request")
+	exit, end := b.request(ctx, req, e.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
+	b.mark("answered")
 	if exit == nil {
-		// Whatever ended the sandbox, its cgroup has the last word only
-		// once runsc is gone.
-		<-p.exited
-		p.mark("runsc_exited")
+		// Whatever ended the sandbox, its usage has the last word only
+		// once its processes are gone.
+		<-b.sb.Exited()
+		b.mark("exited")
 	}
-	oomKills, peak := p.usage()
-	p.mark("usage_read")
-	res.MemoryPeakBytes = peak
+	usage := b.sb.Usage()
+	b.mark("usage_read")
+	res.MemoryPeakBytes = usage.PeakBytes
 	res = finishStreams(res, exit, stdout, stderr)
-	res.Files = rt.outputFiles(job, exit)
-	if exit == nil && !end.timedOut && !end.cancelled && oomKills == 0 {
+	res.Files = e.outputFiles(job, exit)
+	if exit == nil && !end.timedOut && !end.cancelled && usage.OOMKills == 0 {
 		if end.err == nil {
-			end.err = fmt.Errorf("the sandbox ended without a report (runsc exit status %d%s)", p.runscStatus, p.runscLogTail())
+			end.err = fmt.Errorf("the sandbox ended without a report (%s)", b.sb.ExitReport())
 		}
-		return rt.sandboxError(res, end.err)
+		return e.sandboxError(res, end.err)
 	}
-	if exit != nil && exit.Error != "" && oomKills == 0 {
-		return rt.sandboxError(res, fmt.Errorf("could not run the %s program: %s", lang.Name, exit.Error))
+	if exit != nil && exit.Error != "" && usage.OOMKills == 0 {
+		return e.sandboxError(res, fmt.Errorf("could not run the %s program: %s", lang.Name, exit.Error))
 	}
-	return outcome(res, job, exit, end, oomKills)
+	return outcome(res, job, exit, end, usage.OOMKills)
 }
 
 // sandboxError makes res a sandbox_error explained by err.
-func (rt *Runtime) sandboxError(res sandbox.Result, err error) sandbox.Result {
+func (e *Engine) sandboxError(res sandbox.Result, err error) sandbox.Result {
 	res.Status = sandbox.StatusSandboxError
 	res.ExitCode = -1
 	res.Message = err.Error()
-	rt.log.Error("sandbox failed", "id", res.SandboxID, "err", err)
+	if sandbox.Class(err) == nil {
+		err = sandbox.WithClass(err, sandbox.ErrUnavailable)
+	}
+	res.Err = err
+	e.log.Error("sandbox failed", "sandbox", res.SandboxID, "err", err)
 	return res
 }
 
@@ -157,7 +161,7 @@ func finishStreams(res sandbox.Result, exit *agent.Exit, stdout, stderr *stream)
 }
 
 // request is the agent request that runs job as a new process.
-func (rt *Runtime) request(job sandbox.Job, lang sandbox.Language) agent.Request {
+func (e *Engine) request(job sandbox.Job, lang sandbox.Language) agent.Request {
 	files := []agent.File{{Path: lang.Filename, Data: []byte(job.Code)}}
 	req := agent.Request{
 		Files:       append(files, agentFiles(job.Files)...),
@@ -165,7 +169,7 @@ func (rt *Runtime) request(job sandbox.Job, lang sandbox.Language) agent.Request
 		Stdin:       job.Stdin,
 		Timeout:     job.Limits.Timeout,
 		OutputBytes: job.Limits.OutputBytes,
-		Collect:     rt.collect(job),
+		Collect:     e.collect(job),
 	}
 	return req
 }
@@ -183,31 +187,31 @@ func agentFiles(files []sandbox.File) []agent.File {
 }
 
 // collect asks for the job's output directory, within the policy's caps.
-func (rt *Runtime) collect(job sandbox.Job) *agent.Collect {
+func (e *Engine) collect(job sandbox.Job) *agent.Collect {
 	if job.OutputDir == "" {
 		return nil
 	}
-	l := rt.cfg.Policy.OutputFileLimits()
+	l := e.cfg.Policy.OutputFileLimits()
 	return &agent.Collect{Dir: job.OutputDir, MaxFiles: l.MaxFiles, MaxFileBytes: l.MaxFileBytes, MaxTotalBytes: l.MaxTotalBytes}
 }
 
 // eventBudget is how many bytes of events one request of job may bring:
 // its output and files base64-encoded (4/3 larger), plus framing.
-func (rt *Runtime) eventBudget(job sandbox.Job) int64 {
+func (e *Engine) eventBudget(job sandbox.Job) int64 {
 	budget := 4*job.Limits.OutputBytes + 1<<20
 	if job.OutputDir != "" {
-		budget += 2 * rt.cfg.Policy.OutputFileLimits().MaxTotalBytes
+		budget += 2 * e.cfg.Policy.OutputFileLimits().MaxTotalBytes
 	}
 	return budget
 }
 
 // outputFiles checks the files the agent returned against the policy's
 // caps, as it would have applied them, and keeps only what passes.
-func (rt *Runtime) outputFiles(job sandbox.Job, exit *agent.Exit) []sandbox.OutputFile {
+func (e *Engine) outputFiles(job sandbox.Job, exit *agent.Exit) []sandbox.OutputFile {
 	if exit == nil || job.OutputDir == "" {
 		return nil
 	}
-	l := rt.cfg.Policy.OutputFileLimits()
+	l := e.cfg.Policy.OutputFileLimits()
 	var (
 		out   []sandbox.OutputFile
 		total int64

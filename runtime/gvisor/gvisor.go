@@ -1,14 +1,17 @@
-// Package runtime runs jobs in gVisor sandboxes: it owns the runsc process
-// lifecycle, the per-run state and cgroup, and turns what happened into a
-// sandbox.Result. It implements sandbox.Runner.
+// Package gvisor is the engine's backend for this host: it starts each
+// sandbox with runsc, gVisor's runtime, and owns everything of gVisor and
+// of the host — the OCI bundle on disk (written by package bundle), the
+// run's cgroup and, without one, the memory watch, the cgroup shim, the
+// user namespace for ordinary users, the reaping of sandboxes a dead
+// process left, and checkpoint images with their seals. It implements
+// engine.Backend and engine.Checkpointer.
 //
-// One run is one sandbox: a bundle is written (package bundle), a cgroup is
-// created below safe-run's own, `runsc run` is started inside that cgroup
-// with the agent as the sandbox's first process, the job is handed to the
-// agent over a pipe, and afterwards everything — runsc processes, the
-// cgroup, the null network namespace mount, the bundle and state
-// directories — is removed, whatever happened.
-package runtime
+// One sandbox is one `runsc run`: a bundle is written, a cgroup is created
+// below safe-run's own, runsc is started inside that cgroup with the agent
+// as the sandbox's first process, and on Destroy everything — runsc
+// processes, the cgroup, the null network namespace mount, the bundle and
+// state directories — is removed, whatever happened.
+package gvisor
 
 import (
 	"bufio"
@@ -27,10 +30,11 @@ import (
 	"time"
 
 	"github.com/safe-run/safe-run/bundle"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
-// Config configures a Runtime. Runsc, Agent and Rootfs are required.
+// Config configures a Backend. Runsc, Agent and Rootfs are required.
 type Config struct {
 	// Runsc is the path of the runsc binary.
 	Runsc string
@@ -47,23 +51,18 @@ type Config struct {
 	StateDir string
 	// Platform is runsc's platform; empty means "systrap".
 	Platform string
-	// Policy validates jobs and supplies default limits.
-	Policy sandbox.Policy
 	// Shim is the executable that runs ShimMain, used to start runsc inside
 	// the run's cgroup; empty means this executable.
 	Shim string
+	// CheckpointDir, if set, is where checkpoint images of warm sandboxes
+	// are kept, one per image, language, preload list, agent and runsc, for
+	// the engine's warm pool to restore refills from. Empty keeps none.
+	CheckpointDir string
 	// DebugLogDir, if set, makes runsc write debug logs to a directory per
 	// run below it. The logs are kept.
 	DebugLogDir string
-	// Sessions bounds sessions (see CreateSession).
-	Sessions SessionConfig
-	// Pool keeps sandboxes warm for one-shot runs; the zero value has none.
-	Pool PoolConfig
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
-	// ObserveStart, if set, hears how long each sandbox took from start to
-	// its agent being ready (for metrics).
-	ObserveStart func(time.Duration)
 }
 
 // Image is what a sandbox needs of an image.
@@ -79,18 +78,14 @@ type Image struct {
 // ImageResolver finds an image by reference, e.g. "python:3.12-slim".
 type ImageResolver func(ref string) (Image, error)
 
-// image returns the image job runs in: the one it names, else its
-// language's, else the default one (Config.Rootfs).
-func (rt *Runtime) image(job sandbox.Job) (Image, error) {
+// image returns the image a sandbox of job runs in: the one it names (the
+// engine fills in its language's), else the default one (Config.Rootfs).
+func (g *Backend) image(job sandbox.Job) (Image, error) {
 	ref := job.Image
-	if ref == "" {
-		lang, _ := rt.cfg.Policy.Language(job.Language)
-		ref = lang.Image
+	if ref == "" || g.cfg.Images == nil {
+		return Image{Rootfs: g.cfg.Rootfs}, nil
 	}
-	if ref == "" || rt.cfg.Images == nil {
-		return Image{Rootfs: rt.cfg.Rootfs}, nil
-	}
-	img, err := rt.cfg.Images(ref)
+	img, err := g.cfg.Images(ref)
 	if err != nil {
 		return Image{}, fmt.Errorf("image %s: %w", ref, err)
 	}
@@ -99,13 +94,13 @@ func (rt *Runtime) image(job sandbox.Job) (Image, error) {
 
 // bundleConfig is the bundle configuration of a sandbox for job: its
 // image's root, environment and WORKDIR, and the agent.
-func (rt *Runtime) bundleConfig(job sandbox.Job, keepAlive bool) (bundle.Config, error) {
-	img, err := rt.image(job)
+func (g *Backend) bundleConfig(job sandbox.Job, keepAlive bool) (bundle.Config, error) {
+	img, err := g.image(job)
 	if err != nil {
 		return bundle.Config{}, err
 	}
 	return bundle.Config{Rootfs: img.Rootfs, ImageEnv: img.Env, WorkingDir: img.WorkingDir,
-		Agent: rt.cfg.Agent, KeepAlive: keepAlive}, nil
+		Agent: g.cfg.Agent, KeepAlive: keepAlive}, nil
 }
 
 // DefaultStateDir is /run/safe-run for root and $XDG_RUNTIME_DIR/safe-run
@@ -120,26 +115,26 @@ func DefaultStateDir() string {
 	return filepath.Join(os.TempDir(), fmt.Sprintf("safe-run-%d", HostUID()))
 }
 
-// Runtime runs jobs in gVisor sandboxes. It is safe for concurrent use.
-type Runtime struct {
+// Backend starts gVisor sandboxes on this host. It is safe for concurrent
+// use.
+type Backend struct {
 	cfg     Config
 	cgroups CgroupLayout
 	log     *slog.Logger
 	live    sync.WaitGroup // sandboxes not yet destroyed
 	liveN   atomic.Int64   // how many
 	lagging sync.WaitGroup // cgroups whose removal is being retried
-
-	sessionsOnce sync.Once
-	sessions     *sessionTable
-
-	pool *pool // nil without one
 }
 
-var _ sandbox.Runner = (*Runtime)(nil)
+var (
+	_ engine.Backend      = (*Backend)(nil)
+	_ engine.Checkpointer = (*Backend)(nil)
+)
 
-// New checks cfg against the host and returns a Runtime. Its errors say
-// what is missing and how to get it.
-func New(cfg Config) (*Runtime, error) {
+// New checks cfg against the host and returns a Backend. Its errors are of
+// class sandbox.ErrUnavailable and name the part that is missing or broken
+// (errors.Is with ErrRunsc, ErrAgent, ErrRootfs).
+func New(cfg Config) (*Backend, error) {
 	if cfg.Platform == "" {
 		cfg.Platform = "systrap"
 	}
@@ -159,17 +154,17 @@ func New(cfg Config) (*Runtime, error) {
 	if err := CheckPrivileges(); err != nil {
 		return nil, err
 	}
-	if err := checkExecutable(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
+	if err := checkExecutable(cfg.Runsc, ErrRunsc); err != nil {
 		return nil, err
 	}
-	if err := checkProgram(cfg.Runsc, "runsc", "build it with `make runsc`, or name another with --runsc or SAFE_RUN_RUNSC"); err != nil {
+	if err := checkProgram(cfg.Runsc, ErrRunsc); err != nil {
 		return nil, err
 	}
-	if err := checkExecutable(cfg.Agent, "safe-run-agent", "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"); err != nil {
+	if err := checkExecutable(cfg.Agent, ErrAgent); err != nil {
 		return nil, err
 	}
 	if fi, err := os.Stat(cfg.Rootfs); err != nil || !fi.IsDir() {
-		return nil, fmt.Errorf("rootfs %q is not a directory; build the default image with `make rootfs`", cfg.Rootfs)
+		return nil, partError(ErrRootfs, "rootfs %q is not a directory", cfg.Rootfs)
 	}
 	for _, p := range []*string{&cfg.Runsc, &cfg.Agent, &cfg.Rootfs, &cfg.StateDir} {
 		abs, err := filepath.Abs(*p)
@@ -194,31 +189,16 @@ func New(cfg Config) (*Runtime, error) {
 		// no cgroup otherwise.
 		cfg.Logger.Info("runs get no cgroup: memory is watched from the host, CPU is not capped", "reason", err)
 	}
-	rt := &Runtime{cfg: cfg, cgroups: layout, log: cfg.Logger}
-	reaped, err := rt.reapStale()
+	g := &Backend{cfg: cfg, cgroups: layout, log: cfg.Logger}
+	reaped, err := g.reapStale()
 	if len(reaped) > 0 {
-		rt.log.Warn("removed sandboxes left by a safe-run process that died", "sandboxes", reaped)
+		g.log.Warn("removed sandboxes left by a safe-run process that died", "sandboxes", reaped)
 	}
 	if err != nil {
-		rt.log.Error("remove stale sandboxes", "err", err)
+		g.log.Error("remove stale sandboxes", "err", err)
 	}
-	if len(cfg.Pool.Size) > 0 {
-		if rt.pool, err = newPool(rt, cfg.Pool); err != nil {
-			return nil, err
-		}
-	}
-	return rt, nil
+	return g, nil
 }
-
-// Close destroys the warm pool's sandboxes and closes every session. Runs
-// in progress go on; Wait waits for them.
-func (rt *Runtime) Close() {
-	rt.pool.close()
-	rt.CloseSessions()
-}
-
-// PoolSizes returns how many warm sandboxes are ready, per pooled language.
-func (rt *Runtime) PoolSizes() map[string]int { return rt.pool.sizes() }
 
 // cgroupRetry bounds how long the removal of a cgroup is retried.
 const cgroupRetry = 2 * time.Minute
@@ -227,38 +207,65 @@ const cgroupRetry = 2 * time.Minute
 // by the host's init, which can take seconds, and keep the cgroup busy
 // until then; so when the first attempt fails, it is retried in the
 // background, and Wait waits for it.
-func (rt *Runtime) removeCgroup(id string, c *runCgroup) {
+func (g *Backend) removeCgroup(id string, c *runCgroup) {
 	if c == nil || c.destroy() == nil {
 		return
 	}
-	rt.lagging.Add(1)
+	g.lagging.Add(1)
 	go func() {
-		defer rt.lagging.Done()
+		defer g.lagging.Done()
 		var err error
 		for deadline := time.Now().Add(cgroupRetry); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 			if err = c.destroy(); err == nil {
 				return
 			}
 		}
-		rt.log.Error("remove cgroup", "id", id, "err", err)
+		g.log.Error("remove cgroup", "id", id, "err", err)
 	}()
+}
+
+// The parts New checks. Its errors match one of them (errors.Is), so that
+// the caller can say how to provide that part, and are all of class
+// sandbox.ErrUnavailable.
+var (
+	ErrRunsc      = errors.New("runsc")
+	ErrAgent      = errors.New("safe-run-agent")
+	ErrRootfs     = errors.New("the default image")
+	ErrPrivileges = errors.New("privileges")
+)
+
+// ErrStateDirFull marks a sandbox that could not start because the state
+// directory is out of space (class sandbox.ErrExhausted).
+var ErrStateDirFull = errors.New("the state directory is full")
+
+// partError is an error naming the part at fault and its class.
+type partErr struct {
+	part, class error
+	msg         string
+}
+
+func (e *partErr) Error() string   { return e.msg }
+func (e *partErr) Unwrap() []error { return []error{e.part, e.class} }
+
+// partError is an error of New: part is broken, the service unavailable.
+func partError(part error, format string, args ...any) error {
+	return &partErr{part: part, class: sandbox.ErrUnavailable, msg: fmt.Sprintf(format, args...)}
 }
 
 // CheckPrivileges reports whether this process can run sandboxes: as root,
 // or as root of its own user namespace (see UserNamespaceMain).
 func CheckPrivileges() error {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("sandboxes need root or a user namespace of their own; start safe-run as the command (it enters one for ordinary users), or call runtime.UserNamespaceMain first")
+		return partError(ErrPrivileges, "sandboxes need root or a user namespace of their own, and this process has neither")
 	}
 	return nil
 }
 
-// Wait blocks until every sandbox has been destroyed — runs ended and
-// cleaned up, sessions closed — or ctx ends. A server calls it after
-// cancelling its runs and closing its sessions, before exit.
-func (rt *Runtime) Wait(ctx context.Context) error {
+// Wait blocks until every sandbox has been destroyed, and the removal of
+// each cgroup retried in the background is over, or ctx ends.
+func (g *Backend) Wait(ctx context.Context) error {
 	done := make(chan struct{})
-	go func() { rt.live.Wait(); rt.lagging.Wait(); close(done) }()
+	go func() { g.live.Wait(); g.lagging.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil
@@ -267,22 +274,19 @@ func (rt *Runtime) Wait(ctx context.Context) error {
 	}
 }
 
-// LiveSandboxes counts the sandboxes started and not yet destroyed.
-func (rt *Runtime) LiveSandboxes() int { return int(rt.liveN.Load()) }
+// Live counts the sandboxes started and not yet destroyed.
+func (g *Backend) Live() int { return int(g.liveN.Load()) }
 
-// Policy returns the policy jobs are checked against.
-func (rt *Runtime) Policy() sandbox.Policy { return rt.cfg.Policy }
-
-func checkExecutable(path, what, fix string) error {
+func checkExecutable(path string, part error) error {
 	if path == "" {
-		return fmt.Errorf("%s not found; %s", what, fix)
+		return partError(part, "%s not found", part)
 	}
 	fi, err := os.Stat(path)
 	switch {
 	case err != nil:
-		return fmt.Errorf("%s not found at %s; %s", what, path, fix)
+		return partError(part, "%s not found at %s", part, path)
 	case !fi.Mode().IsRegular() || fi.Mode()&0o111 == 0:
-		return fmt.Errorf("%s at %s is not an executable file; %s", what, path, fix)
+		return partError(part, "%s at %s is not an executable file", part, path)
 	}
 	return nil
 }
@@ -290,7 +294,7 @@ func checkExecutable(path, what, fix string) error {
 // checkProgram reports whether path holds something the kernel can execute
 // — an ELF binary or a script — so that a broken file is named here rather
 // than by a sandbox that fails to start.
-func checkProgram(path, what, fix string) error {
+func checkProgram(path string, part error) error {
 	f, err := elf.Open(path)
 	if err == nil {
 		f.Close()
@@ -304,7 +308,7 @@ func checkProgram(path, what, fix string) error {
 	if string(head) == "#!" {
 		return nil
 	}
-	return fmt.Errorf("%s at %s is not a program (%v); %s", what, path, err, fix)
+	return partError(part, "%s at %s is not a program (%v)", part, path, err)
 }
 
 // RunscVersion returns the version line of the runsc binary at path.
@@ -319,8 +323,8 @@ func RunscVersion(ctx context.Context, path string) (string, error) {
 
 // runsc runs a runsc subcommand against the run's state root and returns
 // its combined output.
-func (rt *Runtime) runsc(ctx context.Context, root string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, rt.cfg.Runsc, append([]string{"--root", root}, args...)...)
+func (g *Backend) runsc(ctx context.Context, root string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, g.cfg.Runsc, append([]string{"--root", root}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return out, fmt.Errorf("runsc %s: %w: %s", args[0], err, lastLine(out))
@@ -340,12 +344,7 @@ func lastLine(out []byte) string {
 	return last
 }
 
-var errNotStarted = errors.New("sandbox did not start")
-
 // startTimeout bounds how long a sandbox may take to come up, however
-// loaded the host: beyond it the sandbox is broken, not slow.
+// loaded the host (the engine waits as long for its agent): beyond it the
+// sandbox is broken, not slow.
 const startTimeout = 60 * time.Second
-
-// killGrace is how long after the program's timeout the host waits for the
-// agent's own report before it kills the whole sandbox.
-const killGrace = 500 * time.Millisecond

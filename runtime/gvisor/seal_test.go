@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -121,12 +122,13 @@ func TestSealKey(t *testing.T) {
 // and the image is rebuilt.
 func TestTamperedCheckpointIsRebuilt(t *testing.T) {
 	ckpt := filepath.Join(t.TempDir(), "checkpoints")
-	newRT := func() *Runtime {
-		return newTestRuntimeWith(t, func(cfg *Config) {
-			cfg.Pool = PoolConfig{Size: map[string]int{"python": 1}, CheckpointDir: ckpt}
+	newRT := func() *testRuntime {
+		return newTestRuntimeWith(t, func(cfg *testConfig) {
+			cfg.Engine.Pool = engine.PoolConfig{Size: map[string]int{"python": 1}}
+			cfg.CheckpointDir = ckpt
 		})
 	}
-	version := func(rt *Runtime) string {
+	version := func(rt *testRuntime) string {
 		waitPooled(t, rt, "python")
 		res := mustRun(t, rt, sandbox.Job{Language: "python", Code: "import numpy\nprint(numpy.__version__)"})
 		wantStatus(t, res, sandbox.StatusOK)

@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 // Integration tests of closing sessions while their sandboxes start, with
 // the real runsc (see integration_test.go for how they are enabled). They
@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -26,7 +27,7 @@ const closeWhileBootingTries = 150
 
 // liveOnHost counts what sandboxes left on the host below the runtime's
 // state directory: run directories and processes naming them.
-func liveOnHost(rt *Runtime) (dirs int, procs []string) {
+func liveOnHost(rt *testRuntime) (dirs int, procs []string) {
 	entries, _ := os.ReadDir(rt.cfg.StateDir)
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "safe-run-") {
@@ -59,7 +60,7 @@ func listProcs() []string {
 // runtime counts none, and no run directory or runsc process is left.
 // Closes that land after the start are checked too.
 func TestCloseWhileBooting(t *testing.T) {
-	rt := newTestRuntimeWith(t, func(cfg *Config) { cfg.Sessions = SessionConfig{MaxSessions: 2} })
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.Engine.Sessions = engine.SessionConfig{MaxSessions: 2} })
 	ctx := context.Background()
 	spec := sandbox.SessionSpec{Language: "bash"}
 
@@ -131,7 +132,7 @@ func TestCloseWhileBooting(t *testing.T) {
 // start is cancelled or its sandbox destroyed, and Wait returns instead of
 // waiting for sandboxes nobody owns.
 func TestShutdownDuringBoots(t *testing.T) {
-	rt := newTestRuntimeWith(t, func(cfg *Config) { cfg.Sessions = SessionConfig{MaxSessions: 4} })
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.Engine.Sessions = engine.SessionConfig{MaxSessions: 4} })
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for range 4 {
@@ -175,5 +176,5 @@ func TestCloseStopsSessionExpiry(t *testing.T) {
 func janitorRunning() bool {
 	var b bytes.Buffer
 	_ = pprof.Lookup("goroutine").WriteTo(&b, 2)
-	return strings.Contains(b.String(), "runtime.(*Runtime).expireSessions")
+	return strings.Contains(b.String(), "engine.(*Engine).expireSessions")
 }

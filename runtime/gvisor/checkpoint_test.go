@@ -1,4 +1,4 @@
-package runtime
+package gvisor
 
 import (
 	"log/slog"
@@ -37,5 +37,5 @@ func TestPruneCheckpoints(t *testing.T) {
 			}
 		})
 	}
-	(&pool{rt: &Runtime{log: slog.Default()}}).pruneCheckpoints(dir)
+	(&Backend{log: slog.Default()}).pruneCheckpoints(dir)
 }

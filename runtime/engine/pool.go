@@ -1,12 +1,10 @@
-package runtime
+package engine
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -30,16 +28,14 @@ type PoolConfig struct {
 	// their cgroups count it; 0 means DefaultPoolMemory. The pool stops
 	// filling before it would pass it.
 	MemoryBytes int64
-	// CheckpointDir, if set, is where checkpoint images of warm sandboxes
-	// are cached, one per image, language, preload list, agent and runsc:
-	// refills then restore a checkpoint instead of starting cold. Empty
-	// means every refill is a cold start.
-	CheckpointDir string
 	// OnDemand keeps nothing ready: each run that the pool would serve
 	// restores its sandbox from the checkpoint when it comes, instead of
-	// starting cold. It is for a process that serves a single run; without
-	// a CheckpointDir, or for a language that cannot be checkpointed, runs
-	// start cold.
+	// starting cold. It is for a process that serves a single run; with a
+	// backend that keeps no checkpoints (see Checkpointer), or for a
+	// language that cannot be checkpointed, runs start cold.
+	//
+	// Otherwise refills restore the backend's checkpoint of a warm sandbox
+	// where it keeps one, and start cold where it does not.
 	OnDemand bool
 }
 
@@ -58,7 +54,7 @@ const refillBackoff = 30 * time.Second
 // pool keeps ready single-use sandboxes, per language, and refills them
 // one at a time: the rate is bounded by one sandbox starting at any moment.
 type pool struct {
-	rt  *Runtime
+	e   *Engine
 	cfg PoolConfig
 
 	mu     sync.Mutex
@@ -80,17 +76,17 @@ type poolLang struct {
 	job     sandbox.Job // the job whose bundle every pooled sandbox has
 	preload []string
 	size    int
-	ready   []*sandboxProc
+	ready   []*box
 	memory  int64 // memory of one ready sandbox, as last measured
 	fails   int   // refills failed in a row
 	ckpt    checkpointState
 }
 
-func newPool(rt *Runtime, cfg PoolConfig) (*pool, error) {
+func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 	if cfg.MemoryBytes == 0 {
 		cfg.MemoryBytes = DefaultPoolMemory
 	}
-	p := &pool{rt: rt, cfg: cfg, langs: map[string]*poolLang{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &pool{e: e, cfg: cfg, langs: map[string]*poolLang{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, name := range slices.Sorted(maps.Keys(cfg.Size)) {
 		size := cfg.Size[name]
@@ -100,7 +96,7 @@ func newPool(rt *Runtime, cfg PoolConfig) (*pool, error) {
 		if size == 0 {
 			continue
 		}
-		job, lang, err := rt.cfg.Policy.Check(sandbox.Job{Language: name, Code: "pooled"})
+		job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: name, Code: "pooled"})
 		if err != nil {
 			return nil, fmt.Errorf("pool for %s: %w", name, err)
 		}
@@ -131,7 +127,7 @@ func (p *pool) poke() {
 // language has no pool, the job's limits are not those the pooled bundle
 // was built with, or the pool is empty. The sandbox is the caller's to
 // destroy.
-func (p *pool) take(job sandbox.Job) *sandboxProc {
+func (p *pool) take(job sandbox.Job) *box {
 	if p == nil {
 		return nil
 	}
@@ -150,19 +146,17 @@ func (p *pool) take(job sandbox.Job) *sandboxProc {
 	for len(pl.ready) > 0 {
 		sp := pl.ready[0]
 		pl.ready = slices.Delete(pl.ready, 0, 1)
-		select {
-		case <-sp.exited:
+		if sp.exited() || sp.requireStatus(statusReady) != nil {
 			// It died waiting (killed from outside, or the host ran out
 			// of memory): clean up and try the next.
-			p.rt.log.Warn("a pooled sandbox died while waiting", "id", sp.id, "language", job.Language)
+			sp.log.Warn("a pooled sandbox died while waiting", "language", job.Language)
 			go sp.destroy()
-		default:
-			// The replacement starts when this run is over (see
-			// released): started now, it would compete with the run for
-			// the CPU.
-			markPooled(sp, false, "")
-			return sp
+			continue
 		}
+		// The replacement starts when this run is over (see released):
+		// started now, it would compete with the run for the CPU.
+		markPooled(sp, "")
+		return sp
 	}
 	p.poke() // a miss: refill now
 	return nil
@@ -178,7 +172,7 @@ func (p *pool) released() {
 
 // restoreNow restores a sandbox for pl from its checkpoint, building the
 // image first if needed, or returns nil: only a restore beats a cold start.
-func (p *pool) restoreNow(pl *poolLang) *sandboxProc {
+func (p *pool) restoreNow(pl *poolLang) *box {
 	p.starting.Lock()
 	defer p.starting.Unlock()
 	image := p.checkpoint(pl)
@@ -248,7 +242,7 @@ func (p *pool) fill() {
 			p.mu.Unlock()
 			wait := min(refillBackoff, time.Second<<min(pl.fails-1, 5))
 			if p.ctx.Err() == nil {
-				p.rt.log.Error("refill the warm pool", "language", pl.lang.Name, "err", err, "retry_in", wait)
+				p.e.log.Error("refill the warm pool", "language", pl.lang.Name, "err", err, "retry_in", wait)
 			}
 			select {
 			case <-time.After(wait):
@@ -264,29 +258,23 @@ func (p *pool) fill() {
 			return
 		}
 		pl.ready = append(pl.ready, sp)
-		markPooled(sp, true, pl.lang.Name)
+		markPooled(sp, pl.lang.Name)
 		p.mu.Unlock()
 	}
 }
 
-// pooledMarker is a file in the run directory of a sandbox that waits in
-// the pool, holding its language, so that operators (and the benchmark)
-// can tell it from one that is starting, running or being removed.
-const pooledMarker = "pooled"
-
-func markPooled(sp *sandboxProc, pooled bool, lang string) {
-	path := filepath.Join(sp.dir, pooledMarker)
-	if pooled {
-		_ = os.WriteFile(path, []byte(lang+"\n"), 0o600)
-	} else {
-		_ = os.Remove(path)
+// markPooled marks sp on the host as waiting in lang's pool, or, for "",
+// as taken from it, if its backend can.
+func markPooled(sp *box, lang string) {
+	if m, ok := sp.sb.(PoolMarker); ok {
+		m.MarkPooled(lang)
 	}
 }
 
 // start brings up one warm sandbox for pl: restored from its checkpoint
 // where that works, started cold otherwise.
-func (p *pool) start(pl *poolLang) (*sandboxProc, error) {
-	var sp *sandboxProc
+func (p *pool) start(pl *poolLang) (*box, error) {
+	var sp *box
 	var err error
 	if image := p.checkpoint(pl); image != "" {
 		if sp, err = p.restore(pl, image); err != nil {
@@ -298,7 +286,7 @@ func (p *pool) start(pl *poolLang) (*sandboxProc, error) {
 			return nil, err
 		}
 	}
-	if usage, err := sp.memoryUsage(); err == nil {
+	if usage, err := sp.sb.MemoryNow(); err == nil {
 		p.mu.Lock()
 		pl.memory = usage
 		p.mu.Unlock()
@@ -308,12 +296,12 @@ func (p *pool) start(pl *poolLang) (*sandboxProc, error) {
 
 // startCold starts a sandbox, waits for its agent, and warms its
 // interpreter.
-func (p *pool) startCold(pl *poolLang) (*sandboxProc, error) {
-	sp, err := p.rt.startSandbox(pl.job, true, "")
+func (p *pool) startCold(pl *poolLang) (*box, error) {
+	sp, err := p.e.startBox(p.e.spec(pl.job, false), "")
 	if err != nil {
 		return nil, err
 	}
-	if err := sp.awaitReady(p.ctx); err != nil {
+	if err := sp.awaitReady(p.ctx, nil); err != nil {
 		_ = sp.destroy()
 		return nil, err
 	}
@@ -327,31 +315,12 @@ func (p *pool) startCold(pl *poolLang) (*sandboxProc, error) {
 
 // warm starts the language's interpreter in sp ahead of its run, if the
 // agent has a warm driver for it.
-func (p *pool) warm(sp *sandboxProc, pl *poolLang) error {
+func (p *pool) warm(sp *box, pl *poolLang) error {
 	if !slices.Contains(agent.WarmInterpreters, pl.lang.Interpreter) {
 		return nil // the agent alone is up; the program starts with the run
 	}
 	req := agent.Request{Op: agent.OpWarm, Interpreter: pl.lang.Interpreter, Preload: pl.preload, Timeout: startTimeout}
 	return sp.call(p.ctx, req)
-}
-
-// call sends a request that runs no program and checks its answer.
-func (sp *sandboxProc) call(ctx context.Context, req agent.Request) error {
-	exit, end := sp.request(ctx, req, 1<<20, startTimeout+killGrace, nil, nil)
-	switch {
-	case exit != nil && exit.Error != "":
-		return fmt.Errorf("sandbox %s: %s", sp.id, exit.Error)
-	case exit != nil:
-		return nil
-	case end.cancelled:
-		return ctx.Err()
-	case end.timedOut:
-		return fmt.Errorf("sandbox %s did not answer within %s", sp.id, startTimeout)
-	case end.err != nil:
-		return fmt.Errorf("sandbox %s: %w", sp.id, end.err)
-	}
-	<-sp.exited
-	return fmt.Errorf("sandbox %s ended without answering (runsc exit status %d%s)", sp.id, sp.runscStatus, sp.runscLogTail())
 }
 
 // sizes returns the number of ready sandboxes per pooled language.
@@ -379,7 +348,7 @@ func (p *pool) close() {
 		return
 	}
 	p.closed = true
-	var ready []*sandboxProc
+	var ready []*box
 	for _, pl := range p.langs {
 		ready = append(ready, pl.ready...)
 		pl.ready = nil
@@ -392,6 +361,6 @@ func (p *pool) close() {
 		errs = append(errs, sp.destroy())
 	}
 	if err := errors.Join(errs...); err != nil {
-		p.rt.log.Error("destroy pooled sandboxes", "err", err)
+		p.e.log.Error("destroy pooled sandboxes", "err", err)
 	}
 }

@@ -1,0 +1,117 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// Backend starts sandboxes whose first process is safe-run's agent. It is
+// the seam between the engine and a sandbox technology: the gVisor backend
+// (package gvisor) starts them with runsc on this host; another backend
+// implements the same few methods and plugs in without any change to the
+// engine, to mcp/ or to the rest of cmd/. Implementations are safe for
+// concurrent use.
+type Backend interface {
+	// Start starts a sandbox for spec. The agent in it sends its Ready
+	// event when it can take requests. On error nothing is left behind.
+	Start(spec StartSpec) (Sandbox, error)
+	// Wait blocks until every sandbox the backend started has been
+	// destroyed, including cleanup it finishes in the background, or ctx
+	// ends.
+	Wait(ctx context.Context) error
+	// Live counts the sandboxes started and not yet destroyed.
+	Live() int
+}
+
+// StartSpec is what a backend needs to start one sandbox.
+type StartSpec struct {
+	// Job holds the limits the sandbox is built with and the image it runs
+	// (Job.Image; empty means the backend's default image). Its code is not
+	// part of the sandbox: requests bring it.
+	Job sandbox.Job
+	// KeepAlive makes the agent serve requests until its request stream
+	// ends (a session), instead of exactly one.
+	KeepAlive bool
+	// Log is the sandbox's logger; the backend adds its id under the key
+	// "sandbox".
+	Log *slog.Logger
+	// Mark, if set, is told when the sandbox reaches a phase of the
+	// backend's own (such as "cgroup_created"), for debug timings.
+	Mark func(phase string)
+}
+
+// Sandbox is one started sandbox. Its agent speaks the protocol of package
+// agent: JSON requests on Requests, JSON events on Events. The engine owns
+// that protocol; the backend only carries the bytes and the sandbox's life.
+type Sandbox interface {
+	// ID names the sandbox in results, logs and on the host.
+	ID() string
+	// Requests is the agent's request stream.
+	Requests() io.Writer
+	// Events is the agent's event stream; it ends when the agent does.
+	Events() io.ReadCloser
+	// Ready is called once the agent has sent its Ready event, before the
+	// sandbox is used. It returns an error if the sandbox must not be used
+	// after all (for instance because a limit cannot be enforced).
+	Ready() error
+	// Exited is closed once the sandbox's processes have ended.
+	Exited() <-chan struct{}
+	// ExitReport says how the sandbox ended, for an error message, such as
+	// "runsc exit status 1: <its last log line>". It is read after Exited.
+	ExitReport() string
+	// Usage reports the memory the sandbox used and whether it was killed
+	// for using too much. After Exited it is final.
+	Usage() Usage
+	// MemoryNow is the memory the sandbox uses at this moment, for sizing
+	// the warm pool.
+	MemoryNow() (int64, error)
+	// Kill ends the sandbox's processes at once and returns when they have
+	// ended.
+	Kill()
+	// Destroy removes every trace of the sandbox, whatever state it is in,
+	// and reports what it could not remove. The engine calls it once.
+	Destroy() error
+}
+
+// Usage is what a sandbox used.
+type Usage struct {
+	// OOMKills counts processes killed for exceeding the memory limit.
+	OOMKills uint64
+	// PeakBytes is the most memory the sandbox used at once.
+	PeakBytes int64
+}
+
+// Checkpointer is the optional capability of a backend that can save a
+// warm sandbox and start others from that image; the warm pool uses it
+// when the backend has it (found by a type assertion).
+type Checkpointer interface {
+	// FindCheckpoint returns the image stored for sandboxes of spec warmed
+	// as tag says, or "" if there is none. An error that is ErrNoCheckpoints
+	// says this backend keeps none (it was configured without a place for
+	// them).
+	FindCheckpoint(spec StartSpec, tag string) (image string, err error)
+	// Checkpoint saves sb, a warm sandbox started for spec, as that image.
+	// It ends sb; the caller still destroys it.
+	Checkpoint(ctx context.Context, sb Sandbox, spec StartSpec, tag string) (image string, err error)
+	// Restore starts a sandbox for spec from image. Its agent sends no
+	// Ready event (it sent one before the checkpoint).
+	Restore(spec StartSpec, image string) (Sandbox, error)
+	// Forget removes an image a restore failed from.
+	Forget(image string) error
+}
+
+// PoolMarker is the optional capability of a Sandbox that can show on the
+// host whether it waits in the warm pool, so that operators (and the
+// benchmark) can tell a pooled sandbox from one starting or running.
+type PoolMarker interface {
+	// MarkPooled marks the sandbox as waiting in language's pool, or, for
+	// "", as taken from it.
+	MarkPooled(language string)
+}
+
+// ErrNoCheckpoints is returned by a Checkpointer that keeps no checkpoints.
+var ErrNoCheckpoints = errors.New("this backend keeps no checkpoints")
