@@ -191,7 +191,7 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	if m, ok := raw.(map[string]any); ok {
 		if code, ok := m["code"].(string); ok {
 			var in *sandbox.InputError
-			if errors.As(h.cfg.Policy.CheckCodeSize(len(code)), &in) {
+			if errors.As(h.policy.CheckCodeSize(len(code)), &in) {
 				return sandbox.Job{}, "", argError("code", "argument \"code\" %s", in.Msg)
 			}
 		}
