@@ -107,7 +107,9 @@ func TestRunCodeInvalidArguments(t *testing.T) {
 	}
 }
 
-// A runner error is a tool error, in the same words as the policy's.
+// A runner error is a tool error: invalid input in the same words as the
+// policy's, anything else not called an invalid argument (see
+// TestToolErrorsByClass for every class).
 func TestRunCodeRunnerError(t *testing.T) {
 	tests := []struct {
 		name string
@@ -115,7 +117,7 @@ func TestRunCodeRunnerError(t *testing.T) {
 		want string
 	}{
 		{"input error", &sandbox.InputError{Field: "timeout", Msg: "too long"}, `Invalid argument "timeout_seconds": too long`},
-		{"other error", errFake("backend unusable"), "Invalid arguments: backend unusable"},
+		{"other error", errFake("backend unusable"), "internal error: backend unusable; this is not your code's fault but a fault of the server, which its operator should report"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

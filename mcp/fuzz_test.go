@@ -110,7 +110,7 @@ func FuzzRunCodeArgs(f *testing.F) {
 			if name, ok := argumentNames[arg]; ok {
 				arg = name
 			}
-			if text := inputErrorText(err); !strings.HasPrefix(text, `Invalid argument "`+arg+`": `) {
+			if text := errorText(err); !strings.HasPrefix(text, `Invalid argument "`+arg+`": `) {
 				t.Fatalf("refusal rendered as %q, not naming %q", text, arg)
 			}
 			return

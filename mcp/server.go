@@ -97,11 +97,11 @@ type handler struct {
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 	job, sessionID, err := h.parseArgs(req.Params.Arguments)
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	checked, _, err := h.policy.Check(job)
 	if err != nil {
-		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	if refused := h.rec.refusal(); refused != nil {
 		return refused, nil
@@ -124,7 +124,7 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		setState(func() string { return msg })
 	})
 	if err != nil {
-		return mcpgo.NewToolResultError(err.Error()), nil
+		return h.toolError(err), nil
 	}
 	defer leave()
 	started := time.Now()
@@ -150,7 +150,7 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		return lost, nil
 	}
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
 		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)

@@ -117,7 +117,7 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 				err = checkSessionIDArg(args)
 			}
 			if err != nil {
-				return mcpgo.NewToolResultError(argErrorText(err)), nil
+				return h.toolError(err), nil
 			}
 			// Every session tool acts for the calling client (see identity.go).
 			ctx, err = asClient(ctx)
@@ -191,35 +191,24 @@ func stringArg(args map[string]json.RawMessage, name string) (string, error) {
 	return s, nil
 }
 
-// sessionError turns a sessions error into a tool error the model can act on.
-func sessionError(err error) *mcpgo.CallToolResult {
-	switch {
-	case errors.Is(err, sandbox.ErrNoSession):
-		return mcpgo.NewToolResultError(err.Error() + " with create_session")
-	case errors.Is(err, context.Canceled):
-		return mcpgo.NewToolResultError("the call was cancelled")
-	}
-	return mcpgo.NewToolResultError(inputErrorText(err))
-}
-
 func (h *handler) createSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	lang, err := stringArg(args, "language")
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	spec := sandbox.SessionSpec{Language: lang, Owner: sandbox.OwnerFrom(ctx)}
 	if raw, ok := args["timeout_seconds"]; ok {
 		var seconds float64
 		if err := json.Unmarshal(raw, &seconds); err != nil {
-			return mcpgo.NewToolResultError(argErrorText(argError("timeout_seconds", `argument "timeout_seconds" must be a number`))), nil
+			return h.toolError(argError("timeout_seconds", `argument "timeout_seconds" must be a number`)), nil
 		}
 		if spec.Limits.Timeout, err = h.timeout(seconds); err != nil {
-			return mcpgo.NewToolResultError(argErrorText(err)), nil
+			return h.toolError(err), nil
 		}
 	}
 	info, err := h.cfg.Sessions.CreateSession(ctx, spec)
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	text := fmt.Sprintf("session_id: %s (%s). Pass it to run_code, write_file, read_file and list_files; end it with close_session. It expires at %s if unused.",
 		info.ID, info.Language, info.ExpiresAt.UTC().Format(time.RFC3339))
@@ -229,10 +218,10 @@ func (h *handler) createSession(ctx context.Context, args map[string]json.RawMes
 func (h *handler) closeSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	id, err := stringArg(args, "session_id")
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	if err := h.cfg.Sessions.CloseSession(ctx, id); err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	return mcpgo.NewToolResultText("session " + id + " closed"), nil
 }
@@ -256,10 +245,10 @@ func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMess
 func (h *handler) writeFile(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
 	id, file, err := writeFileArgs(args)
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	if err := h.cfg.Sessions.WriteFiles(ctx, id, []sandbox.File{file}); err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", EscapeName(file.Path), len(file.Data))), nil
 }
@@ -291,11 +280,11 @@ func (h *handler) readFile(ctx context.Context, args map[string]json.RawMessage)
 	id, err1 := stringArg(args, "session_id")
 	name, err2 := stringArg(args, "path")
 	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	f, err := h.cfg.Sessions.ReadFile(ctx, id, unescapeName(name))
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	return readFileResult(f), nil
 }
@@ -338,11 +327,11 @@ func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage
 	id, err1 := stringArg(args, "session_id")
 	dir, err2 := stringArg(args, "path")
 	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	files, err := h.cfg.Sessions.ListFiles(ctx, id, unescapeName(dir))
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	var b strings.Builder
 	type entry struct {

@@ -178,9 +178,6 @@ func statefulness(env Environment) string {
 	return fresh + ", unless it passes a session_id from create_session: a session's interpreter keeps its state between calls."
 }
 
-// argumentNames maps job fields of sandbox.InputError to tool arguments.
-var argumentNames = map[string]string{"timeout": "timeout_seconds"}
-
 // parseArgs decodes and checks run_code's arguments into a job. Every error
 // is a *sandbox.InputError whose Field is the argument at fault ("arguments"
 // when they are not an object) and whose Msg names it and says what is
@@ -256,20 +253,6 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	return job, args.SessionID, nil
 }
 
-// argError is an argument the tool refuses; msg names it.
-func argError(field, format string, args ...any) error {
-	return &sandbox.InputError{Field: field, Msg: fmt.Sprintf(format, args...)}
-}
-
-// argErrorText renders an error of parseArgs or objectArgs as a tool error.
-func argErrorText(err error) string {
-	var in *sandbox.InputError
-	if errors.As(err, &in) {
-		return boundEcho("Invalid arguments: " + in.Msg)
-	}
-	return boundEcho("Invalid arguments: " + err.Error())
-}
-
 // timeout checks a timeout_seconds argument.
 func (h *handler) timeout(seconds float64) (time.Duration, error) {
 	d := time.Duration(seconds * float64(time.Second))
@@ -291,19 +274,6 @@ func jsonType(kind string) string {
 		return "object"
 	}
 	return kind
-}
-
-// inputErrorText renders a job the policy refused as a tool error.
-func inputErrorText(err error) string {
-	var in *sandbox.InputError
-	if errors.As(err, &in) {
-		name := in.Field
-		if n, ok := argumentNames[name]; ok {
-			name = n
-		}
-		return boundEcho(fmt.Sprintf("Invalid argument %q: %s", name, in.Msg))
-	}
-	return boundEcho("Invalid arguments: " + err.Error())
 }
 
 // result translates a run's result into the tool's result: structured
