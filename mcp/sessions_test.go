@@ -5,25 +5,37 @@ import (
 	"testing"
 )
 
-func TestObjectArgs(t *testing.T) {
-	schema := `{"type": "object", "properties": {"session_id": {"type": "string"}, "path": {"type": "string"}}, "required": ["session_id"]}`
+// decodeArgs refuses what its argument type does not describe, naming the
+// argument; here with the types of list_files and list_sessions.
+func TestDecodeArgs(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		raw  any
+		none bool   // decode as listSessionsArgs, which has no arguments
 		want string // error fragment; empty for success
 	}{
-		{"ok", map[string]any{"session_id": "s", "path": "a"}, ""},
-		{"optional left out", map[string]any{"session_id": "s"}, ""},
-		{"required missing", map[string]any{"path": "a"}, `argument "session_id" is required`},
-		{"unknown", map[string]any{"session_id": "s", "paht": "a"}, `unknown argument "paht"; the arguments are path, session_id`},
-		{"not an object", []any{1}, "must be a JSON object"},
+		{"ok", map[string]any{"session_id": "s", "path": "a"}, false, ""},
+		{"optional left out", map[string]any{"session_id": "s"}, false, ""},
+		{"required missing", map[string]any{"path": "a"}, false, `argument "session_id" is required`},
+		{"unknown", map[string]any{"session_id": "s", "paht": "a"}, false, `unknown argument "paht"; the arguments are session_id, path`},
+		{"wrong type", map[string]any{"session_id": "s", "path": 7}, false, `argument "path" must be of type string`},
+		{"not an object", []any{1}, false, "must be a JSON object"},
+		{"null", nil, false, "arguments must be a JSON object with session_id"},
+		{"null, no arguments needed", nil, true, ""},
+		{"empty, no arguments needed", map[string]any{}, true, ""},
+		{"unknown, no arguments taken", map[string]any{"x": 1}, true, `unknown argument "x"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := objectArgs(tc.raw, schema)
+			var err error
+			if tc.none {
+				_, _, err = decodeArgs[listSessionsArgs](tc.raw)
+			} else {
+				_, _, err = decodeArgs[listFilesArgs](tc.raw)
+			}
 			switch {
 			case tc.want == "" && err != nil:
 				t.Errorf("error %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			case tc.want != "" && (err == nil || !strings.Contains(errorText(err), tc.want)):
 				t.Errorf("error %v, want it to contain %q", err, tc.want)
 			}
 		})
