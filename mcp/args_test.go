@@ -56,6 +56,11 @@ func TestRunCodeInvalidArguments(t *testing.T) {
 		{name: "unknown encoding", args: map[string]any{"language": "python", "code": "1",
 			"files": []any{map[string]any{"path": "a.txt", "content": "x"}, map[string]any{"path": "b.txt", "content": "x", "encoding": "hex"}}},
 			want: []string{`argument "files"[1]: encoding "hex" of b.txt is not text or base64`}},
+		{name: "misspelt file field", args: map[string]any{"language": "python", "code": "1",
+			"files": []any{map[string]any{"path": "a.txt", "content": "x", "encodign": "text"}}},
+			want: []string{`Invalid arguments: argument "files": unknown field "encodign"; its fields are path, content, encoding`}},
+		{name: "code of null", args: map[string]any{"language": "python", "code": nil},
+			want: []string{`Invalid argument "code": is empty`}},
 
 		// Errors of the policy name the tool's arguments.
 		{name: "unknown language", args: map[string]any{"language": "cobol", "code": "1"},

@@ -1,6 +1,8 @@
 package mcp
 
 import (
+	"encoding/json"
+	"maps"
 	"strings"
 	"testing"
 )
@@ -55,5 +57,57 @@ func TestSessionToolsAreHonestlyAnnotated(t *testing.T) {
 		if tool.name == "create_session" && !strings.Contains(tool.description, "10m0s without use") {
 			t.Errorf("create_session does not state the idle timeout: %s", tool.description)
 		}
+	}
+}
+
+// The input schema each session tool lists agrees with what its decoder
+// accepts: the arguments it declares and requires, nothing else.
+func TestSessionToolSchemas(t *testing.T) {
+	const id = "session-0123456789abcdef"
+	valid := map[string]string{
+		"create_session": `{"language": "python", "timeout_seconds": 2}`,
+		"close_session":  `{"session_id": "` + id + `"}`,
+		"list_sessions":  `{}`,
+		"write_file":     `{"session_id": "` + id + `", "path": "a.txt", "content": "aGk=", "encoding": "base64"}`,
+		"read_file":      `{"session_id": "` + id + `", "path": "a.txt"}`,
+		"list_files":     `{"session_id": "` + id + `"}`,
+	}
+	for _, tool := range sessionTools(testEnv()) {
+		t.Run(tool.name, func(t *testing.T) {
+			sch := compileSchema(t, tool.input)
+			args := valid[tool.name]
+			var raw map[string]any
+			if err := json.Unmarshal([]byte(args), &raw); err != nil {
+				t.Fatal(err)
+			}
+			if err := sch.Validate(raw); err != nil {
+				t.Errorf("schema refuses %s: %v", args, err)
+			}
+			if _, _, err := tool.decode(raw); err != nil {
+				t.Errorf("decoder refuses %s: %v", args, err)
+			}
+			// Each required argument left out, and an undeclared one added.
+			var schema struct{ Required []string }
+			if err := json.Unmarshal(tool.input, &schema); err != nil {
+				t.Fatal(err)
+			}
+			var refused []map[string]any
+			for _, name := range schema.Required {
+				m := maps.Clone(raw)
+				delete(m, name)
+				refused = append(refused, m)
+			}
+			m := maps.Clone(raw)
+			m["extra"] = "x"
+			refused = append(refused, m)
+			for _, m := range refused {
+				if sch.Validate(m) == nil {
+					t.Errorf("schema accepts %v", m)
+				}
+				if _, _, err := tool.decode(m); err == nil {
+					t.Errorf("decoder accepts %v", m)
+				}
+			}
+		})
 	}
 }
