@@ -56,6 +56,11 @@ func TestRunCodeInvalidArguments(t *testing.T) {
 		{name: "unknown encoding", args: map[string]any{"language": "python", "code": "1",
 			"files": []any{map[string]any{"path": "a.txt", "content": "x"}, map[string]any{"path": "b.txt", "content": "x", "encoding": "hex"}}},
 			want: []string{`argument "files"[1]: encoding "hex" of b.txt is not text or base64`}},
+		{name: "misspelt file field", args: map[string]any{"language": "python", "code": "1",
+			"files": []any{map[string]any{"path": "a.txt", "content": "x", "encodign": "text"}}},
+			want: []string{`Invalid arguments: argument "files": unknown field "encodign"; its fields are path, content, encoding`}},
+		{name: "code of null", args: map[string]any{"language": "python", "code": nil},
+			want: []string{`Invalid argument "code": is empty`}},
 
 		// Errors of the policy name the tool's arguments.
 		{name: "unknown language", args: map[string]any{"language": "cobol", "code": "1"},
@@ -107,7 +112,9 @@ func TestRunCodeInvalidArguments(t *testing.T) {
 	}
 }
 
-// A runner error is a tool error, in the same words as the policy's.
+// A runner error is a tool error: invalid input in the same words as the
+// policy's, anything else not called an invalid argument (see
+// TestToolErrorsByClass for every class).
 func TestRunCodeRunnerError(t *testing.T) {
 	tests := []struct {
 		name string
@@ -115,7 +122,7 @@ func TestRunCodeRunnerError(t *testing.T) {
 		want string
 	}{
 		{"input error", &sandbox.InputError{Field: "timeout", Msg: "too long"}, `Invalid argument "timeout_seconds": too long`},
-		{"other error", errFake("backend unusable"), "Invalid arguments: backend unusable"},
+		{"other error", errFake("backend unusable"), "internal error: backend unusable; this is not your code's fault but a fault of the server, which its operator should report"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,8 +1,6 @@
 package mcp
 
 import (
-	"encoding/json"
-
 	"github.com/safe-run/safe-run/audit"
 )
 
@@ -28,19 +26,6 @@ func checkSessionID(id string) error {
 		return argError("session_id", `argument "session_id" is not a session id: pass the session_id that create_session returned ("session-" and hex digits)`)
 	}
 	return nil
-}
-
-// checkSessionIDArg checks the session_id argument of a session tool, if
-// the call has one.
-func checkSessionIDArg(args map[string]json.RawMessage) error {
-	if _, ok := args["session_id"]; !ok {
-		return nil
-	}
-	id, err := stringArg(args, "session_id")
-	if err != nil {
-		return err
-	}
-	return checkSessionID(id)
 }
 
 // boundEcho cuts the text of a tool error to maxEchoBytes.

@@ -39,8 +39,8 @@ func TestCheckSessionID(t *testing.T) {
 		if (err == nil) != tt.ok {
 			t.Errorf("checkSessionID(%.40q) = %v; want ok %v", tt.id, err, tt.ok)
 		}
-		if err != nil && !strings.Contains(argErrorText(err), `"session_id" is not a session id`) {
-			t.Errorf("error %q does not name the argument", argErrorText(err))
+		if err != nil && !strings.Contains(errorText(err), `"session_id" is not a session id`) {
+			t.Errorf("error %q does not name the argument", errorText(err))
 		}
 	}
 }

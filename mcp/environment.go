@@ -80,8 +80,9 @@ print(json.dumps({"version": sys.version.split()[0],
 
 // ProbeEnvironment runs a short program per language in the sandbox to
 // learn interpreter versions and installed packages. Languages whose probe
-// fails are listed without them.
-func ProbeEnvironment(ctx context.Context, runner sandbox.Runner, policy sandbox.Policy) Environment {
+// fails are listed without them. Limits and images are the runner's policy's.
+func ProbeEnvironment(ctx context.Context, runner sandbox.Runner) Environment {
+	policy := runner.Policy()
 	def, _, hi := policy.Limits()
 	env := Environment{
 		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir,

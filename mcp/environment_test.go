@@ -120,8 +120,8 @@ func TestProbeEnvironment(t *testing.T) {
 			return sandbox.Result{Status: sandbox.StatusError, ExitCode: 127, Stdout: `{"version": "5.2.15"}`}, nil
 		}
 		return sandbox.Result{}, &sandbox.InputError{Field: "language", Msg: "unexpected probe"}
-	}}
-	env := ProbeEnvironment(t.Context(), runner, policy)
+	}, policy: policy}
+	env := ProbeEnvironment(t.Context(), runner)
 
 	def, _, hi := policy.Limits()
 	want := Environment{
@@ -172,7 +172,7 @@ func mustLanguage(t *testing.T, p sandbox.Policy, name string) sandbox.Language 
 // The zero policy probes the default languages.
 func TestProbeEnvironmentDefaultLanguages(t *testing.T) {
 	runner := &fakeRunner{err: context.Canceled}
-	env := ProbeEnvironment(t.Context(), runner, sandbox.Policy{})
+	env := ProbeEnvironment(t.Context(), runner)
 	if got, want := env.names(), (sandbox.Policy{}).LanguageNames(); !slices.Equal(got, want) {
 		t.Errorf("languages %v, want %v", got, want)
 	}

@@ -110,7 +110,7 @@ func FuzzRunCodeArgs(f *testing.F) {
 			if name, ok := argumentNames[arg]; ok {
 				arg = name
 			}
-			if text := inputErrorText(err); !strings.HasPrefix(text, `Invalid argument "`+arg+`": `) {
+			if text := errorText(err); !strings.HasPrefix(text, `Invalid argument "`+arg+`": `) {
 				t.Fatalf("refusal rendered as %q, not naming %q", text, arg)
 			}
 			return
@@ -140,14 +140,14 @@ func FuzzSessionToolArgs(f *testing.F) {
 			Properties map[string]any `json:"properties"`
 			Required   []string       `json:"required"`
 		}
-		if err := json.Unmarshal([]byte(tool.input), &schema); err != nil {
+		if err := json.Unmarshal(tool.input, &schema); err != nil {
 			t.Fatal(err)
 		}
 		var declared []string
 		for name := range schema.Properties {
 			declared = append(declared, name)
 		}
-		args, err := objectArgs(raw, tool.input)
+		_, args, err := tool.decode(raw)
 		if err != nil {
 			checkArgError(t, err, append(declared, "arguments"), sent)
 			return
@@ -163,30 +163,27 @@ func FuzzSessionToolArgs(f *testing.F) {
 			}
 		}
 		if tool.name != "write_file" {
-			for _, name := range declared {
-				if _, err := stringArg(args, name); err != nil && name != "timeout_seconds" {
-					checkArgError(t, err, declared, nil)
-				}
-			}
 			return
 		}
-		_, file, err := writeFileArgs(args)
+		var a writeFileArgs
+		if err := json.Unmarshal(data, &a); err != nil {
+			t.Fatalf("write_file accepted %s, which does not decode: %v", data, err)
+		}
+		file, err := a.file()
 		if err != nil {
 			checkArgError(t, err, declared, nil)
 			return
 		}
-		content, _ := stringArg(args, "content")
-		encoding, _ := stringArg(args, "encoding")
-		want := []byte(content)
-		if encoding == "base64" {
-			if want, err = base64.StdEncoding.DecodeString(content); err != nil {
-				t.Fatalf("write_file accepted invalid base64 %q", content)
+		want := []byte(a.Content)
+		if a.Encoding == "base64" {
+			if want, err = base64.StdEncoding.DecodeString(a.Content); err != nil {
+				t.Fatalf("write_file accepted invalid base64 %q", a.Content)
 			}
-		} else if !utf8.ValidString(content) || encoding != "" && encoding != "text" {
-			t.Fatalf("write_file accepted content %q in encoding %q", content, encoding)
+		} else if !utf8.ValidString(a.Content) || a.Encoding != "" && a.Encoding != "text" {
+			t.Fatalf("write_file accepted content %q in encoding %q", a.Content, a.Encoding)
 		}
 		if !bytes.Equal(file.Data, want) {
-			t.Fatalf("write_file decoded %q as %q", content, file.Data)
+			t.Fatalf("write_file decoded %q as %q", a.Content, file.Data)
 		}
 	})
 }

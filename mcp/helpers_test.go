@@ -34,9 +34,14 @@ type fakeRunner struct {
 	// because its context ended.
 	cancelled chan error
 
+	// policy is what Policy returns.
+	policy sandbox.Policy
+
 	mu   sync.Mutex
 	jobs []sandbox.Job
 }
+
+func (r *fakeRunner) Policy() sandbox.Policy { return r.policy }
 
 func (r *fakeRunner) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, error) {
 	r.mu.Lock()

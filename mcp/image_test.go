@@ -18,8 +18,8 @@ func TestRunCodeImage(t *testing.T) {
 	policy := sandbox.Policy{Images: []string{"python:3.12-slim", "team/ds:1"}}
 	env := testEnv()
 	env.Images = policy.Images
-	runner := &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}
-	c := newClient(t, Config{Runner: runner, Policy: policy, Environment: env, Sessions: unusedSessions{}})
+	runner := &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}, policy: policy}
+	c := newClient(t, Config{Runner: runner, Environment: env, Sessions: unusedSessions{}})
 
 	tools, err := c.ListTools(t.Context(), mcpgo.ListToolsRequest{})
 	if err != nil {
@@ -65,8 +65,9 @@ func TestRunCodeImage(t *testing.T) {
 		t.Errorf("refused calls reached the runner: %+v", runner.Jobs())
 	}
 
-	// Without images, the argument is neither offered nor accepted.
-	plain := newClient(t, Config{Runner: runner})
+	// Without images, the argument is neither offered nor accepted. (The
+	// policy is the runner's, so this server has a runner without images.)
+	plain := newClient(t, Config{Runner: &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}})
 	tools, err = plain.ListTools(t.Context(), mcpgo.ListToolsRequest{})
 	if err != nil {
 		t.Fatal(err)
@@ -85,8 +86,8 @@ func TestRunCodeImage(t *testing.T) {
 // TestEnvironmentListsImages checks that the environment resource names
 // the allowed images.
 func TestEnvironmentListsImages(t *testing.T) {
-	runner := &fakeRunner{err: context.Canceled}
-	env := ProbeEnvironment(t.Context(), runner, sandbox.Policy{Images: []string{"ruby:3.3"}})
+	runner := &fakeRunner{err: context.Canceled, policy: sandbox.Policy{Images: []string{"ruby:3.3"}}}
+	env := ProbeEnvironment(t.Context(), runner)
 	data, _ := json.Marshal(env)
 	if !strings.Contains(string(data), `"images":["ruby:3.3"]`) {
 		t.Errorf("environment %s does not list the images", data)

@@ -20,12 +20,11 @@ import (
 
 // Config configures the MCP server.
 type Config struct {
-	// Runner runs the jobs.
+	// Runner runs the jobs; its Policy is the one the tools describe and
+	// check jobs against.
 	Runner sandbox.Runner
 	// Sessions, if set, offers stateful sessions and their tools.
 	Sessions sandbox.Sessions
-	// Policy is the runner's policy, used to describe languages and limits.
-	Policy sandbox.Policy
 	// Environment describes the sandbox (see ProbeEnvironment).
 	Environment Environment
 	// Gate bounds concurrent runs and the calls waiting for one.
@@ -54,11 +53,12 @@ func NewServer(cfg Config) *server.MCPServer {
 	if cfg.Gate == nil {
 		cfg.Gate = sandbox.NewGate(1, 0)
 	}
+	policy := cfg.Runner.Policy()
 	if cfg.MaxTimeout == 0 {
-		_, _, hi := cfg.Policy.Limits()
+		_, _, hi := policy.Limits()
 		cfg.MaxTimeout = hi.Timeout
 	}
-	h := &handler{cfg: cfg, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
+	h := &handler{cfg: cfg, policy: policy, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
 	hooks := &server.Hooks{
 		OnBeforeCallTool:        []server.OnBeforeCallToolFunc{stampRequestID},
 		OnRequestInitialization: []server.OnRequestInitializationFunc{checkRequestID},
@@ -87,7 +87,9 @@ func NewServer(cfg Config) *server.MCPServer {
 }
 
 type handler struct {
-	cfg        Config
+	cfg Config
+	// policy is the runner's, read once: a runner's policy is fixed.
+	policy     sandbox.Policy
 	maxTimeout time.Duration
 	rec        *recorder
 }
@@ -95,11 +97,11 @@ type handler struct {
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
 	job, sessionID, err := h.parseArgs(req.Params.Arguments)
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
-	checked, _, err := h.cfg.Policy.Check(job)
+	checked, _, err := h.policy.Check(job)
 	if err != nil {
-		return mcpgo.NewToolResultError(inputErrorText(err)), nil
+		return h.toolError(err), nil
 	}
 	if refused := h.rec.refusal(); refused != nil {
 		return refused, nil
@@ -122,13 +124,13 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		setState(func() string { return msg })
 	})
 	if err != nil {
-		return mcpgo.NewToolResultError(err.Error()), nil
+		return h.toolError(err), nil
 	}
 	defer leave()
 	started := time.Now()
 	timeout := job.Limits.Timeout
 	if timeout == 0 {
-		def, _, _ := h.cfg.Policy.Limits()
+		def, _, _ := h.policy.Limits()
 		timeout = def.Timeout
 	}
 	setState(func() string {
@@ -148,7 +150,7 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 		return lost, nil
 	}
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	h.cfg.Logger.Info("run_code", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
 		"duration_ms", res.DurationMS, "sandbox", res.SandboxID)

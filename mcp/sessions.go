@@ -4,13 +4,12 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
@@ -19,9 +18,45 @@ import (
 
 // sessionTool is a tool of the session family.
 type sessionTool struct {
-	name, description, input string
-	annotations              mcpgo.ToolAnnotation
-	handle                   func(h *handler, ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error)
+	name, description string
+	annotations       mcpgo.ToolAnnotation
+	// local marks a tool that reads only the server's own table: it runs
+	// no code, so it is neither refused after an audit failure nor recorded.
+	local bool
+	// input is the tool's input schema.
+	input json.RawMessage
+	// decode decodes a call's arguments; call runs the tool with them, and
+	// sent are the arguments as sent (for the audit record).
+	decode func(raw any) (call sessionCall, sent map[string]json.RawMessage, err error)
+}
+
+type sessionCall func(h *handler, ctx context.Context) (*mcpgo.CallToolResult, error)
+
+// argChecker is implemented by argument types with checks of their own
+// beyond their JSON types, run right after decoding.
+type argChecker interface{ check() error }
+
+// newSessionTool is a session tool whose arguments are a T; patch, if
+// set, adds to T's generated schema what only the server knows.
+func newSessionTool[T any](name, description string, annotations mcpgo.ToolAnnotation, patch func(*jsonschema.Schema),
+	handle func(h *handler, ctx context.Context, args T) (*mcpgo.CallToolResult, error)) sessionTool {
+	s := schemaOf[T]()
+	if patch != nil {
+		patch(s)
+	}
+	return sessionTool{
+		name: name, description: description, annotations: annotations, input: rawSchema(s),
+		decode: func(raw any) (sessionCall, map[string]json.RawMessage, error) {
+			args, sent, err := decodeArgs[T](raw)
+			if c, ok := any(args).(argChecker); ok && err == nil {
+				err = c.check()
+			}
+			if err != nil {
+				return nil, nil, err
+			}
+			return func(h *handler, ctx context.Context) (*mcpgo.CallToolResult, error) { return handle(h, ctx, args) }, sent, nil
+		},
+	}
 }
 
 func hints(readOnly, destructive, idempotent bool) mcpgo.ToolAnnotation {
@@ -29,70 +64,63 @@ func hints(readOnly, destructive, idempotent bool) mcpgo.ToolAnnotation {
 	return mcpgo.ToolAnnotation{ReadOnlyHint: &readOnly, DestructiveHint: &destructive, IdempotentHint: &idempotent, OpenWorldHint: &open}
 }
 
-const sessionIDSchema = `{"type": "string", "description": "a session_id returned by create_session"}`
+// The arguments of the session tools (see args.go).
+type (
+	createSessionArgs struct {
+		Language       string   `json:"language"`
+		TimeoutSeconds *float64 `json:"timeout_seconds,omitempty"`
+	}
+	closeSessionArgs struct {
+		SessionID string `json:"session_id" jsonschema:"a session_id returned by create_session"`
+	}
+	listSessionsArgs struct{}
+	writeFileArgs    struct {
+		SessionID string `json:"session_id" jsonschema:"a session_id returned by create_session"`
+		Path      string `json:"path" jsonschema:"relative to /workspace, e.g. data/input.csv"`
+		Content   string `json:"content"`
+		Encoding  string `json:"encoding,omitempty" jsonschema:"how content is encoded (default text)"`
+	}
+	readFileArgs struct {
+		SessionID string `json:"session_id" jsonschema:"a session_id returned by create_session"`
+		Path      string `json:"path" jsonschema:"relative to /workspace"`
+	}
+	listFilesArgs struct {
+		SessionID string `json:"session_id" jsonschema:"a session_id returned by create_session"`
+		Path      string `json:"path,omitempty" jsonschema:"a directory relative to /workspace (default: all of it)"`
+	}
+)
 
+// A session_id is checked before it is looked up, quoted or recorded.
+func (a closeSessionArgs) check() error { return checkSessionID(a.SessionID) }
+func (a writeFileArgs) check() error    { return checkSessionID(a.SessionID) }
+func (a readFileArgs) check() error     { return checkSessionID(a.SessionID) }
+func (a listFilesArgs) check() error    { return checkSessionID(a.SessionID) }
+
+// sessionTools are the session tools of a server in env.
 func sessionTools(env Environment) []sessionTool {
-	names, _ := json.Marshal(env.names())
+	listSessions := newSessionTool("list_sessions", "List your live sessions (those this connection created): id, language, calls, and when each expires.",
+		hints(true, false, true), nil, (*handler).listSessions)
+	listSessions.local = true
 	return []sessionTool{
-		{
-			name: "create_session",
-			description: "Start a stateful session: one sandbox kept alive across calls, with a persistent interpreter. " +
-				"Variables, functions and imports (python, node) or the working directory, variables and functions (bash) " +
-				"survive between run_code calls that pass its session_id, and so do files in /workspace. " +
-				sessionLimitsText(env.Sessions) + "Returns the session_id.",
-			input: fmt.Sprintf(`{"type": "object", "properties": {
-  "language": {"type": "string", "enum": %s},
-  "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "description": "default timeout of each call in the session"}
-}, "required": ["language"]}`, names),
-			annotations: hints(false, false, false),
-			handle:      (*handler).createSession,
-		},
-		{
-			name:        "close_session",
-			description: "End a session and free its sandbox; its state and files are discarded.",
-			input:       `{"type": "object", "properties": {"session_id": ` + sessionIDSchema + `}, "required": ["session_id"]}`,
-			annotations: hints(false, true, true),
-			handle:      (*handler).closeSession,
-		},
-		{
-			name:        "list_sessions",
-			description: "List your live sessions (those this connection created): id, language, calls, and when each expires.",
-			input:       `{"type": "object", "properties": {}}`,
-			annotations: hints(true, false, true),
-			handle:      (*handler).listSessions,
-		},
-		{
-			name:        "write_file",
-			description: "Write a file into a session's /workspace (creating directories). Use encoding base64 for binary content.",
-			input: `{"type": "object", "properties": {
-  "session_id": ` + sessionIDSchema + `,
-  "path": {"type": "string", "description": "relative to /workspace, e.g. data/input.csv"},
-  "content": {"type": "string"},
-  "encoding": {"type": "string", "enum": ["text", "base64"], "description": "how content is encoded (default text)"}
-}, "required": ["session_id", "path", "content"]}`,
-			annotations: hints(false, true, true),
-			handle:      (*handler).writeFile,
-		},
-		{
-			name:        "read_file",
-			description: "Read a file from a session's /workspace: text as text, PNG, JPEG and GIF images as images, other files as base64 resources (SVG and HTML as their source text). Symbolic links are not followed. A name listed with \\u escapes is read as listed.",
-			input: `{"type": "object", "properties": {
-  "session_id": ` + sessionIDSchema + `,
-  "path": {"type": "string", "description": "relative to /workspace"}
-}, "required": ["session_id", "path"]}`,
-			annotations: hints(true, false, true),
-			handle:      (*handler).readFile,
-		},
-		{
-			name:        "list_files",
-			description: "List the files and directories of a session's /workspace, recursively, with sizes.",
-			input: `{"type": "object", "properties": {
-  "session_id": ` + sessionIDSchema + `,
-  "path": {"type": "string", "description": "a directory relative to /workspace (default: all of it)"}
-}, "required": ["session_id"]}`,
-			annotations: hints(true, false, true),
-			handle:      (*handler).listFiles,
-		},
+		newSessionTool("create_session", "Start a stateful session: one sandbox kept alive across calls, with a persistent interpreter. "+
+			"Variables, functions and imports (python, node) or the working directory, variables and functions (bash) "+
+			"survive between run_code calls that pass its session_id, and so do files in /workspace. "+
+			sessionLimitsText(env.Sessions)+"Returns the session_id.",
+			hints(false, false, false), func(s *jsonschema.Schema) {
+				s.Properties["language"].Enum = enum(env.names())
+				timeoutSchema(s.Properties["timeout_seconds"], "default timeout of each call in the session")
+			}, (*handler).createSession),
+		newSessionTool("close_session", "End a session and free its sandbox; its state and files are discarded.",
+			hints(false, true, true), nil, (*handler).closeSession),
+		listSessions,
+		newSessionTool("write_file", "Write a file into a session's /workspace (creating directories). Use encoding base64 for binary content.",
+			hints(false, true, true), func(s *jsonschema.Schema) {
+				s.Properties["encoding"].Enum = enum([]string{"text", "base64"})
+			}, (*handler).writeFile),
+		newSessionTool("read_file", "Read a file from a session's /workspace: text as text, PNG, JPEG and GIF images as images, other files as base64 resources (SVG and HTML as their source text). Symbolic links are not followed. A name listed with \\u escapes is read as listed.",
+			hints(true, false, true), nil, (*handler).readFile),
+		newSessionTool("list_files", "List the files and directories of a session's /workspace, recursively, with sizes.",
+			hints(true, false, true), nil, (*handler).listFiles),
 	}
 }
 
@@ -107,31 +135,27 @@ func sessionLimitsText(l *SessionLimits) string {
 // addSessionTools registers the session tools on s.
 func (h *handler) addSessionTools(s *server.MCPServer) {
 	for _, t := range sessionTools(h.cfg.Environment) {
-		tool := mcpgo.NewToolWithRawSchema(t.name, t.description, json.RawMessage(t.input))
+		tool := mcpgo.NewToolWithRawSchema(t.name, t.description, t.input)
 		tool.Annotations = t.annotations
 		tool.Annotations.Title = strings.ReplaceAll(t.name, "_", " ")
-		handle := t.handle
 		s.AddTool(tool, func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
-			args, err := objectArgs(req.Params.Arguments, t.input)
-			if err == nil {
-				err = checkSessionIDArg(args)
-			}
+			call, args, err := t.decode(req.Params.Arguments)
 			if err != nil {
-				return mcpgo.NewToolResultError(argErrorText(err)), nil
+				return h.toolError(err), nil
 			}
 			// Every session tool acts for the calling client (see identity.go).
 			ctx, err = asClient(ctx)
 			if err != nil {
 				return mcpgo.NewToolResultError(err.Error()), nil
 			}
-			if t.name == "list_sessions" { // reads only the server's own table
-				return handle(h, ctx, args)
+			if t.local {
+				return call(h, ctx)
 			}
 			if refused := h.rec.refusal(); refused != nil {
 				return refused, nil
 			}
 			start := time.Now()
-			res, err := handle(h, ctx, args)
+			res, err := call(h, ctx)
 			if err != nil {
 				return res, err
 			}
@@ -143,42 +167,8 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 	}
 }
 
-// objectArgs decodes arguments into a map, refusing names the schema does
-// not declare.
-func objectArgs(raw any, schema string) (map[string]json.RawMessage, error) {
-	data, err := json.Marshal(raw)
-	if err != nil {
-		return nil, argError("arguments", "arguments are not a JSON object")
-	}
-	args := map[string]json.RawMessage{}
-	if string(data) != "null" {
-		if err := json.Unmarshal(data, &args); err != nil {
-			return nil, argError("arguments", "arguments must be a JSON object")
-		}
-	}
-	var s struct {
-		Properties map[string]json.RawMessage `json:"properties"`
-		Required   []string                   `json:"required"`
-	}
-	_ = json.Unmarshal([]byte(schema), &s)
-	var allowed []string
-	for name := range s.Properties {
-		allowed = append(allowed, name)
-	}
-	slices.Sort(allowed)
-	for name := range args {
-		if _, ok := s.Properties[name]; !ok {
-			return nil, argError(name, "unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
-		}
-	}
-	for _, name := range s.Required {
-		if _, ok := args[name]; !ok {
-			return nil, argError(name, "argument %q is required", name)
-		}
-	}
-	return args, nil
-}
-
+// stringArg is the string argument name of arguments as sent, "" if it
+// was left out.
 func stringArg(args map[string]json.RawMessage, name string) (string, error) {
 	raw, ok := args[name]
 	if !ok {
@@ -191,53 +181,31 @@ func stringArg(args map[string]json.RawMessage, name string) (string, error) {
 	return s, nil
 }
 
-// sessionError turns a sessions error into a tool error the model can act on.
-func sessionError(err error) *mcpgo.CallToolResult {
-	switch {
-	case errors.Is(err, sandbox.ErrNoSession):
-		return mcpgo.NewToolResultError(err.Error() + " with create_session")
-	case errors.Is(err, context.Canceled):
-		return mcpgo.NewToolResultError("the call was cancelled")
-	}
-	return mcpgo.NewToolResultError(inputErrorText(err))
-}
-
-func (h *handler) createSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	lang, err := stringArg(args, "language")
-	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
-	}
-	spec := sandbox.SessionSpec{Language: lang, Owner: sandbox.OwnerFrom(ctx)}
-	if raw, ok := args["timeout_seconds"]; ok {
-		var seconds float64
-		if err := json.Unmarshal(raw, &seconds); err != nil {
-			return mcpgo.NewToolResultError(argErrorText(argError("timeout_seconds", `argument "timeout_seconds" must be a number`))), nil
-		}
-		if spec.Limits.Timeout, err = h.timeout(seconds); err != nil {
-			return mcpgo.NewToolResultError(argErrorText(err)), nil
+func (h *handler) createSession(ctx context.Context, args createSessionArgs) (*mcpgo.CallToolResult, error) {
+	spec := sandbox.SessionSpec{Language: args.Language, Owner: sandbox.OwnerFrom(ctx)}
+	if t := args.TimeoutSeconds; t != nil {
+		var err error
+		if spec.Limits.Timeout, err = h.timeout(*t); err != nil {
+			return h.toolError(err), nil
 		}
 	}
 	info, err := h.cfg.Sessions.CreateSession(ctx, spec)
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	text := fmt.Sprintf("session_id: %s (%s). Pass it to run_code, write_file, read_file and list_files; end it with close_session. It expires at %s if unused.",
 		info.ID, info.Language, info.ExpiresAt.UTC().Format(time.RFC3339))
 	return &mcpgo.CallToolResult{Content: []mcpgo.Content{mcpgo.NewTextContent(text)}, StructuredContent: info}, nil
 }
 
-func (h *handler) closeSession(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	id, err := stringArg(args, "session_id")
-	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+func (h *handler) closeSession(ctx context.Context, args closeSessionArgs) (*mcpgo.CallToolResult, error) {
+	if err := h.cfg.Sessions.CloseSession(ctx, args.SessionID); err != nil {
+		return h.toolError(err), nil
 	}
-	if err := h.cfg.Sessions.CloseSession(ctx, id); err != nil {
-		return sessionError(err), nil
-	}
-	return mcpgo.NewToolResultText("session " + id + " closed"), nil
+	return mcpgo.NewToolResultText("session " + args.SessionID + " closed"), nil
 }
 
-func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
+func (h *handler) listSessions(ctx context.Context, _ listSessionsArgs) (*mcpgo.CallToolResult, error) {
 	infos := ownSessions(h.cfg.Sessions, sandbox.OwnerFrom(ctx))
 	var b strings.Builder
 	if len(infos) == 0 {
@@ -253,49 +221,35 @@ func (h *handler) listSessions(ctx context.Context, args map[string]json.RawMess
 		StructuredContent: map[string]any{"sessions": infos}}, nil
 }
 
-func (h *handler) writeFile(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	id, file, err := writeFileArgs(args)
+func (h *handler) writeFile(ctx context.Context, args writeFileArgs) (*mcpgo.CallToolResult, error) {
+	file, err := args.file()
 	if err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
+		return h.toolError(err), nil
 	}
-	if err := h.cfg.Sessions.WriteFiles(ctx, id, []sandbox.File{file}); err != nil {
-		return sessionError(err), nil
+	if err := h.cfg.Sessions.WriteFiles(ctx, args.SessionID, []sandbox.File{file}); err != nil {
+		return h.toolError(err), nil
 	}
 	return mcpgo.NewToolResultText(fmt.Sprintf("wrote /workspace/%s (%d bytes)", EscapeName(file.Path), len(file.Data))), nil
 }
 
-// writeFileArgs decodes write_file's arguments; errors are
-// *sandbox.InputError naming the argument.
-func writeFileArgs(args map[string]json.RawMessage) (id string, file sandbox.File, err error) {
-	var f inputFile
-	for _, a := range []struct {
-		name string
-		dst  *string
-	}{{"session_id", &id}, {"path", &f.Path}, {"content", &f.Content}, {"encoding", &f.Encoding}} {
-		if *a.dst, err = stringArg(args, a.name); err != nil {
-			return "", file, err
-		}
-	}
-	content, err := decodeContent(f)
+// file is the file write_file writes; errors are *sandbox.InputError
+// naming the argument.
+func (a writeFileArgs) file() (sandbox.File, error) {
+	content, err := decodeContent(inputFile{Path: a.Path, Content: a.Content, Encoding: a.Encoding})
 	if err != nil {
 		field := "content"
-		if f.Encoding != "" && f.Encoding != "text" && f.Encoding != "base64" {
+		if a.Encoding != "" && a.Encoding != "text" && a.Encoding != "base64" {
 			field = "encoding"
 		}
-		return "", file, argError(field, "argument %q: %v", field, err)
+		return sandbox.File{}, argError(field, "argument %q: %v", field, err)
 	}
-	return id, sandbox.File{Path: f.Path, Data: content}, nil
+	return sandbox.File{Path: a.Path, Data: content}, nil
 }
 
-func (h *handler) readFile(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	id, err1 := stringArg(args, "session_id")
-	name, err2 := stringArg(args, "path")
-	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
-	}
-	f, err := h.cfg.Sessions.ReadFile(ctx, id, unescapeName(name))
+func (h *handler) readFile(ctx context.Context, args readFileArgs) (*mcpgo.CallToolResult, error) {
+	f, err := h.cfg.Sessions.ReadFile(ctx, args.SessionID, unescapeName(args.Path))
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	return readFileResult(f), nil
 }
@@ -334,15 +288,10 @@ func readFileResult(f sandbox.OutputFile) *mcpgo.CallToolResult {
 	return &mcpgo.CallToolResult{Content: content, StructuredContent: out}
 }
 
-func (h *handler) listFiles(ctx context.Context, args map[string]json.RawMessage) (*mcpgo.CallToolResult, error) {
-	id, err1 := stringArg(args, "session_id")
-	dir, err2 := stringArg(args, "path")
-	if err := errors.Join(err1, err2); err != nil {
-		return mcpgo.NewToolResultError(argErrorText(err)), nil
-	}
-	files, err := h.cfg.Sessions.ListFiles(ctx, id, unescapeName(dir))
+func (h *handler) listFiles(ctx context.Context, args listFilesArgs) (*mcpgo.CallToolResult, error) {
+	files, err := h.cfg.Sessions.ListFiles(ctx, args.SessionID, unescapeName(args.Path))
 	if err != nil {
-		return sessionError(err), nil
+		return h.toolError(err), nil
 	}
 	var b strings.Builder
 	type entry struct {

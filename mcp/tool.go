@@ -10,10 +10,10 @@ import (
 	"mime"
 	"net/url"
 	"path"
-	"slices"
 	"strings"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
@@ -23,21 +23,25 @@ import (
 // outputDir is the workspace directory whose files come back to the client.
 const outputDir = "out"
 
-// runCodeArgs are the arguments of run_code.
+// runCodeArgs are the arguments of run_code (see args.go). The policy
+// refuses a missing language or code in its own words; session_id and
+// image are listed only by servers that offer them (see runCodeTool), and
+// accepted by every server so that it can say why it refuses them.
 type runCodeArgs struct {
-	SessionID      string      `json:"session_id"`
-	Language       string      `json:"language"`
-	Image          string      `json:"image"`
-	Code           string      `json:"code"`
-	TimeoutSeconds *float64    `json:"timeout_seconds"`
-	Stdin          string      `json:"stdin"`
-	Files          []inputFile `json:"files"`
+	Language       string      `json:"language" absent:"policy" jsonschema:"the language of code"`
+	Code           string      `json:"code" absent:"policy" jsonschema:"the program to run; it runs as a file in /workspace"`
+	TimeoutSeconds *float64    `json:"timeout_seconds,omitempty"`
+	Stdin          string      `json:"stdin,omitempty" jsonschema:"the program's standard input"`
+	Files          []inputFile `json:"files,omitempty" jsonschema:"files to place in /workspace before the run"`
+	SessionID      string      `json:"session_id,omitempty" jsonschema:"run in this session (from create_session), keeping its state; omit for a fresh sandbox"`
+	Image          string      `json:"image,omitempty" jsonschema:"run in this image instead of the language's default one (see the environment resource)"`
 }
 
+// inputFile is a file of run_code's files argument, or write_file's.
 type inputFile struct {
-	Path     string `json:"path"`
+	Path     string `json:"path" jsonschema:"relative to /workspace, e.g. data/input.csv"`
 	Content  string `json:"content"`
-	Encoding string `json:"encoding"`
+	Encoding string `json:"encoding,omitempty" jsonschema:"how content is encoded (default text)"`
 }
 
 // runCodeOutput is the structured content of run_code; see outputSchema.
@@ -104,38 +108,22 @@ const outputSchema = `{
 
 // runCodeTool builds the tool definition from the environment.
 func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
-	names, _ := json.Marshal(env.names())
-	session := ""
-	if env.Sessions != nil {
-		session = `
-    "session_id": {"type": "string", "description": "run in this session (from create_session), keeping its state; omit for a fresh sandbox"},`
+	s := schemaOf[runCodeArgs]()
+	p := s.Properties
+	p["language"].Enum = enum(env.names())
+	timeoutSchema(p["timeout_seconds"], fmt.Sprintf("wall-clock limit in seconds (default %g)", env.DefaultLimits.TimeoutSeconds))
+	p["timeout_seconds"].Maximum = ptr(maxTimeout.Seconds())
+	p["files"].Items.Properties["encoding"].Enum = enum([]string{"text", "base64"})
+	if env.Sessions == nil {
+		delete(p, "session_id")
 	}
-	image := ""
-	if len(env.Images) > 0 {
-		allowed, _ := json.Marshal(env.Images)
-		image = fmt.Sprintf(`
-    "image": {"type": "string", "enum": %s, "description": "run in this image instead of the language's default one (see the environment resource)"},`, allowed)
+	if len(env.Images) == 0 {
+		delete(p, "image")
+	} else {
+		p["image"].Enum = enum(env.Images)
 	}
-	input := fmt.Sprintf(`{
-  "type": "object",
-  "properties": {
-    "language": {"type": "string", "enum": %s, "description": "the language of code"},%s
-    "code": {"type": "string", "description": "the program to run; it runs as a file in /workspace"},
-    "timeout_seconds": {"type": "number", "exclusiveMinimum": 0, "maximum": %g,
-      "description": "wall-clock limit in seconds (default %g)"},
-    "stdin": {"type": "string", "description": "the program's standard input"},%s
-    "files": {"type": "array", "description": "files to place in /workspace before the run",
-      "items": {"type": "object",
-        "properties": {
-          "path": {"type": "string", "description": "relative to /workspace, e.g. data/input.csv"},
-          "content": {"type": "string"},
-          "encoding": {"type": "string", "enum": ["text", "base64"], "description": "how content is encoded (default text)"}},
-        "required": ["path", "content"]}}
-  },
-  "required": ["language", "code"]
-}`, names, image, maxTimeout.Seconds(), env.DefaultLimits.TimeoutSeconds, session)
 
-	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), json.RawMessage(input))
+	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), rawSchema(s))
 	mcpgo.WithRawOutputSchema(json.RawMessage(outputSchema))(&tool)
 	no := false
 	tool.Annotations = mcpgo.ToolAnnotation{
@@ -178,8 +166,21 @@ func statefulness(env Environment) string {
 	return fresh + ", unless it passes a session_id from create_session: a session's interpreter keeps its state between calls."
 }
 
-// argumentNames maps job fields of sandbox.InputError to tool arguments.
-var argumentNames = map[string]string{"timeout": "timeout_seconds"}
+// enum is an enum of a schema.
+func enum(values []string) []any {
+	out := make([]any, len(values))
+	for i, v := range values {
+		out[i] = v
+	}
+	return out
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// timeoutSchema makes s the schema of a timeout_seconds argument.
+func timeoutSchema(s *jsonschema.Schema, description string) {
+	s.ExclusiveMinimum, s.Description = ptr(0.0), description
+}
 
 // parseArgs decodes and checks run_code's arguments into a job. Every error
 // is a *sandbox.InputError whose Field is the argument at fault ("arguments"
@@ -187,45 +188,18 @@ var argumentNames = map[string]string{"timeout": "timeout_seconds"}
 // allowed, for the model to fix its call. It also returns the session_id
 // argument, empty for a fresh sandbox.
 func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
-	// Refuse oversized code before the copies below: each would be as large.
+	// Refuse oversized code before decodeArgs copies it.
 	if m, ok := raw.(map[string]any); ok {
 		if code, ok := m["code"].(string); ok {
 			var in *sandbox.InputError
-			if errors.As(h.cfg.Policy.CheckCodeSize(len(code)), &in) {
+			if errors.As(h.policy.CheckCodeSize(len(code)), &in) {
 				return sandbox.Job{}, "", argError("code", "argument \"code\" %s", in.Msg)
 			}
 		}
 	}
-	data, err := json.Marshal(raw)
+	args, _, err := decodeArgs[runCodeArgs](raw)
 	if err != nil {
-		return sandbox.Job{}, "", argError("arguments", "arguments are not a JSON object")
-	}
-	var known map[string]json.RawMessage
-	if err := json.Unmarshal(data, &known); err != nil || known == nil {
-		return sandbox.Job{}, "", argError("arguments", "arguments must be a JSON object with language and code")
-	}
-	allowed := []string{"language", "code", "timeout_seconds", "stdin", "files", "session_id", "image"}
-	for name := range known {
-		if !slices.Contains(allowed, name) {
-			return sandbox.Job{}, "", argError(name, "unknown argument %q; the arguments are %s", name, strings.Join(allowed, ", "))
-		}
-	}
-	var args runCodeArgs
-	dec := json.NewDecoder(strings.NewReader(string(data)))
-	dec.DisallowUnknownFields() // a misspelt "encoding" must not pass silently
-	if err := dec.Decode(&args); err != nil {
-		var typeErr *json.UnmarshalTypeError
-		if errors.As(err, &typeErr) {
-			field, _, _ := strings.Cut(typeErr.Field, ".")
-			if field == "" {
-				field = "arguments"
-			}
-			return sandbox.Job{}, "", argError(field, "argument %q must be of type %s", typeErr.Field, jsonType(typeErr.Type.Kind().String()))
-		}
-		if field, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return sandbox.Job{}, "", argError("files", "argument \"files\": unknown field %s; a file has path, content and encoding", field)
-		}
-		return sandbox.Job{}, "", argError("arguments", "arguments: %v", err)
+		return sandbox.Job{}, "", err
 	}
 	job := sandbox.Job{Language: args.Language, Code: args.Code, Image: args.Image, Stdin: []byte(args.Stdin), OutputDir: outputDir}
 	if args.SessionID != "" && h.cfg.Sessions == nil {
@@ -256,20 +230,6 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	return job, args.SessionID, nil
 }
 
-// argError is an argument the tool refuses; msg names it.
-func argError(field, format string, args ...any) error {
-	return &sandbox.InputError{Field: field, Msg: fmt.Sprintf(format, args...)}
-}
-
-// argErrorText renders an error of parseArgs or objectArgs as a tool error.
-func argErrorText(err error) string {
-	var in *sandbox.InputError
-	if errors.As(err, &in) {
-		return boundEcho("Invalid arguments: " + in.Msg)
-	}
-	return boundEcho("Invalid arguments: " + err.Error())
-}
-
 // timeout checks a timeout_seconds argument.
 func (h *handler) timeout(seconds float64) (time.Duration, error) {
 	d := time.Duration(seconds * float64(time.Second))
@@ -279,31 +239,6 @@ func (h *handler) timeout(seconds float64) (time.Duration, error) {
 		return 0, argError("timeout_seconds", "argument \"timeout_seconds\" must be greater than 0 and at most %g", h.maxTimeout.Seconds())
 	}
 	return d, nil
-}
-
-func jsonType(kind string) string {
-	switch kind {
-	case "float64", "int", "int64":
-		return "number"
-	case "slice":
-		return "array"
-	case "struct", "map":
-		return "object"
-	}
-	return kind
-}
-
-// inputErrorText renders a job the policy refused as a tool error.
-func inputErrorText(err error) string {
-	var in *sandbox.InputError
-	if errors.As(err, &in) {
-		name := in.Field
-		if n, ok := argumentNames[name]; ok {
-			name = n
-		}
-		return boundEcho(fmt.Sprintf("Invalid argument %q: %s", name, in.Msg))
-	}
-	return boundEcho("Invalid arguments: " + err.Error())
 }
 
 // result translates a run's result into the tool's result: structured

@@ -64,6 +64,9 @@ func (c *ResultCache) Run(ctx context.Context, job Job) (Result, error) {
 	return res, err
 }
 
+// Policy is the policy of the runner behind the cache.
+func (c *ResultCache) Policy() Policy { return c.Runner.Policy() }
+
 // cacheKey hashes everything of job that decides its result; the live
 // writers do not.
 func cacheKey(job Job) ([32]byte, bool) {

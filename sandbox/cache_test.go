@@ -14,11 +14,23 @@ import (
 type countingRunner struct {
 	runs   int
 	status sandbox.Status
+	policy sandbox.Policy
 }
 
 func (r *countingRunner) Run(_ context.Context, job sandbox.Job) (sandbox.Result, error) {
 	r.runs++
 	return sandbox.Result{Status: r.status, Stdout: "run " + strings.Repeat("x", r.runs) + " of " + job.Code}, nil
+}
+
+func (r *countingRunner) Policy() sandbox.Policy { return r.policy }
+
+// The cache describes the runner behind it: its policy is that runner's.
+func TestResultCachePolicyIsTheRunners(t *testing.T) {
+	inner := &countingRunner{policy: sandbox.Policy{MaxCodeBytes: 123, Images: []string{"alpine:3"}}}
+	got := (&sandbox.ResultCache{Runner: inner, TTL: time.Hour}).Policy()
+	if got.MaxCodeBytes != 123 || len(got.Images) != 1 || got.Images[0] != "alpine:3" {
+		t.Errorf("cache policy %+v, want the runner's %+v", got, inner.policy)
+	}
 }
 
 func TestResultCacheHitAndMiss(t *testing.T) {

@@ -20,6 +20,10 @@ import (
 // sandbox is a Result with a non-ok Status.
 type Runner interface {
 	Run(ctx context.Context, job Job) (Result, error)
+	// Policy is the policy Run checks jobs against: its languages, images
+	// and limits. Callers that describe or pre-check jobs (the MCP tools)
+	// read it here rather than keep a copy that could disagree.
+	Policy() Policy
 }
 
 // Job is one piece of code to run, with what it needs and what it may use.

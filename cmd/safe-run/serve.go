@@ -265,7 +265,7 @@ func serve(f serveFlags) error {
 	}()
 
 	probeStart := time.Now()
-	env := mcp.ProbeEnvironment(ctx, rt, policy)
+	env := mcp.ProbeEnvironment(ctx, rt)
 	logger.Info("probed the sandbox environment", "ms", time.Since(probeStart).Milliseconds())
 	var sessions sandbox.Sessions
 	if f.sessions.MaxSessions > 0 {
@@ -278,7 +278,7 @@ func serve(f serveFlags) error {
 		runner = &sandbox.ResultCache{Runner: rt, TTL: f.cacheTTL, MaxBytes: f.cacheSize}
 	}
 	mcpCfg := mcp.Config{
-		Runner: runner, Sessions: sessions, Policy: policy, Environment: env,
+		Runner: runner, Sessions: sessions, Environment: env,
 		Gate:       gate,
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
 		Metrics: metrics,
