@@ -124,21 +124,7 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 			if err != nil {
 				return mcpgo.NewToolResultError(err.Error()), nil
 			}
-			if t.name == "list_sessions" { // reads only the server's own table
-				return handle(h, ctx, args)
-			}
-			if refused := h.rec.refusal(); refused != nil {
-				return refused, nil
-			}
-			start := time.Now()
-			res, err := handle(h, ctx, args)
-			if err != nil {
-				return res, err
-			}
-			if lost := h.rec.keep(ctx, req, sessionRecord(t.name, args, res, time.Since(start))); lost != nil {
-				return lost, nil
-			}
-			return res, nil
+			return handle(h, ctx, args)
 		})
 	}
 }
@@ -193,6 +179,9 @@ func stringArg(args map[string]json.RawMessage, name string) (string, error) {
 
 // sessionError turns a sessions error into a tool error the model can act on.
 func sessionError(err error) *mcpgo.CallToolResult {
+	if stopped := auditError(err); stopped != nil {
+		return stopped
+	}
 	switch {
 	case errors.Is(err, sandbox.ErrNoSession):
 		return mcpgo.NewToolResultError(err.Error() + " with create_session")
