@@ -87,11 +87,20 @@ func (e *FailedError) Unwrap() []error { return []error{e.Err, sandbox.ErrUnavai
 // the zero Policy if neither says.
 //
 // TODO(integrator): once sandbox.Runner has Policy() (mcptyped), this is
-// r.Runner.Policy().
+// r.Runner.Policy(); until then a ResultCache, which has none, is looked
+// through.
 func (r *Runner) Policy() sandbox.Policy {
 	type withPolicy interface{ Policy() sandbox.Policy }
-	if p, ok := r.Runner.(withPolicy); ok {
-		return p.Policy()
+	inner := r.Runner
+	for {
+		if p, ok := inner.(withPolicy); ok {
+			return p.Policy()
+		}
+		c, ok := inner.(*sandbox.ResultCache)
+		if !ok {
+			break
+		}
+		inner = c.Runner
 	}
 	if p, ok := r.Sessions.(withPolicy); ok {
 		return p.Policy()

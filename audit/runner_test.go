@@ -252,6 +252,9 @@ func TestRunnerLostRunAndPolicy(t *testing.T) {
 	if r.Policy().Default.MemoryBytes != 64<<20 {
 		t.Errorf("policy %+v; want the runner's", r.Policy())
 	}
+	if p := (&Runner{Runner: &sandbox.ResultCache{Runner: backend}}).Policy(); p.Default.MemoryBytes != 64<<20 {
+		t.Errorf("policy through a result cache %+v; want the runner's", p)
+	}
 	if _, err := r.Run(t.Context(), sandbox.Job{Language: "bash", Code: "echo hi"}); err == nil {
 		t.Fatal("a run whose record failed returned its result")
 	}

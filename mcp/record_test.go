@@ -204,6 +204,10 @@ func TestAuditFailureFailsClosed(t *testing.T) {
 	if n := len(runner.Jobs()); n != 1 {
 		t.Errorf("the runner ran %d jobs; want only the one before the failure", n)
 	}
+	// Reading the server's own table runs nothing and is not refused.
+	if res := callTool(t, c, "list_sessions", map[string]any{}); res.IsError {
+		t.Errorf("list_sessions after the failure: %q", firstText(t, res))
+	}
 }
 
 func scrape(t *testing.T, h http.Handler, token string) (int, string) {
