@@ -7,7 +7,9 @@
 // the command only wires things together, while the chain's rules — how a
 // line is hashed, how the chain continues across process restarts, rotated
 // files and concurrent writers, and how it is checked — must be the same for
-// every writer and for the verifier.
+// every writer and for the verifier. The records themselves are made in one
+// place too, Runner, a decorator of the runner and sessions that both the
+// server and the CLI wrap around their backend.
 package audit
 
 import (

@@ -96,7 +96,7 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 	sessions := &countingSessions{}
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 2}
-	c := newClient(t, Config{Sessions: sessions, Environment: env, Audit: log})
+	c := newClient(t, withAudit(Config{Sessions: sessions, Environment: env}, log))
 	huge := "session-" + strings.Repeat("a", 1<<20) // the threat case sends 9 MiB
 	for _, call := range []struct {
 		tool string
@@ -138,8 +138,8 @@ func TestHugeSessionIDRefusedBeforeLookup(t *testing.T) {
 // many calls write a small log. (The threat case sends 4 MB over HTTP.)
 func TestHugeClientInfoIsBounded(t *testing.T) {
 	path, log := openAuditLog(t)
-	cfg := Config{Runner: &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}, Environment: testEnv(),
-		Logger: quietLogger(), Audit: log}
+	cfg := withAudit(Config{Runner: &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}, Environment: testEnv(),
+		Logger: quietLogger()}, log)
 	c, err := client.NewInProcessClient(NewServer(cfg))
 	if err != nil {
 		t.Fatal(err)

@@ -30,6 +30,9 @@ var argumentNames = map[string]string{"timeout": "timeout_seconds"}
 // bounded, saying by err's class whose fault it is and what the model can
 // do. Only invalid input is called an invalid argument.
 func (h *handler) toolError(err error) *mcpgo.CallToolResult {
+	if stopped := auditError(err); stopped != nil {
+		return stopped // the audit log failed: its own words
+	}
 	if sandbox.Class(err) == nil {
 		h.cfg.Logger.Error("tool call failed with an unclassed error", "err", err)
 	}
@@ -66,9 +69,5 @@ func errorText(err error) string {
 	case class == sandbox.ErrUnavailable:
 		return "the sandbox service failed: " + err.Error() + "; this is not your code's fault: try again later, and if it persists, the server's operator must fix it"
 	}
-	// TODO(integrator): runtime's own errors ("start the session's sandbox:
-	// …", "the server is shutting down", runsc and agent failures) carry no
-	// class yet and read as internal errors here until the engine classes
-	// them (most as sandbox.ErrUnavailable).
 	return "internal error: " + err.Error() + "; this is not your code's fault but a fault of the server, which its operator should report"
 }

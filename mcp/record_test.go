@@ -42,6 +42,25 @@ func (a *memAuditor) Records() []audit.Record {
 	return append([]audit.Record(nil), a.records...)
 }
 
+// withAudit returns cfg with its runner (fakeRunner's default if none) and
+// sessions wrapped in an audit.Runner keeping records in log, as serve
+// wraps them.
+func withAudit(cfg Config, log audit.Appender) Config {
+	if cfg.Runner == nil {
+		cfg.Runner = &fakeRunner{result: sandbox.Result{Status: sandbox.StatusOK}}
+	}
+	logger := cfg.Logger
+	if logger == nil {
+		logger = quietLogger()
+	}
+	rec := &audit.Runner{Runner: cfg.Runner, Sessions: cfg.Sessions, Log: log, Logger: logger}
+	cfg.Runner = rec
+	if cfg.Sessions != nil {
+		cfg.Sessions = rec
+	}
+	return cfg
+}
+
 // fakeID is the one session fakeSessions knows.
 const fakeID = "session-0123456789abcdef"
 
@@ -93,7 +112,7 @@ func TestAuditRecordsRunsAndSessionEvents(t *testing.T) {
 		StdoutBytes: 10, StderrBytes: 5, MemoryPeakBytes: 40 << 20, Message: "exit 3"}}
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 2}
-	c := newClient(t, Config{Runner: runner, Sessions: fakeSessions{}, Environment: env, Audit: aud})
+	c := newClient(t, withAudit(Config{Runner: runner, Sessions: fakeSessions{}, Environment: env}, aud))
 
 	callRunCode(t, c, map[string]any{"language": "python", "code": "exit(3)", "timeout_seconds": 5})
 	callTool(t, c, "create_session", map[string]any{"language": "python"})
@@ -138,7 +157,7 @@ func TestAuditRecordsRunsAndSessionEvents(t *testing.T) {
 // A client cannot choose the request id that goes into the audit log.
 func TestRequestIDIsTheServers(t *testing.T) {
 	aud := &memAuditor{}
-	c := newClient(t, Config{Audit: aud})
+	c := newClient(t, withAudit(Config{}, aud))
 	req := runCodeRequest(map[string]any{"language": "bash", "code": "true"})
 	req.Params.Meta = &mcpgo.Meta{AdditionalFields: map[string]any{requestIDMeta: "forged"}}
 	if _, err := c.CallTool(t.Context(), req); err != nil {
@@ -158,7 +177,7 @@ func TestAuditFailureFailsClosed(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(&logBuf, nil))
 	env := testEnv()
 	env.Sessions = &SessionLimits{MaxSessions: 2}
-	c := newClient(t, Config{Runner: runner, Sessions: fakeSessions{}, Environment: env, Audit: aud, Logger: logger})
+	c := newClient(t, withAudit(Config{Runner: runner, Sessions: fakeSessions{}, Environment: env, Logger: logger}, aud))
 
 	res := callRunCode(t, c, map[string]any{"language": "python", "code": "print(1)"})
 	text := firstText(t, res)
@@ -184,6 +203,10 @@ func TestAuditFailureFailsClosed(t *testing.T) {
 	}
 	if n := len(runner.Jobs()); n != 1 {
 		t.Errorf("the runner ran %d jobs; want only the one before the failure", n)
+	}
+	// Reading the server's own table runs nothing and is not refused.
+	if res := callTool(t, c, "list_sessions", map[string]any{}); res.IsError {
+		t.Errorf("list_sessions after the failure: %q", firstText(t, res))
 	}
 }
 

@@ -35,9 +35,6 @@ type Config struct {
 	Version string
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
-	// Audit, if set, keeps a record of every run and session event; if it
-	// fails, the server runs no more code (see recorder).
-	Audit Auditor
 	// Metrics, if set, count runs; serve them with HTTPConfig.Metrics.
 	Metrics *Metrics
 }
@@ -58,7 +55,7 @@ func NewServer(cfg Config) *server.MCPServer {
 		_, _, hi := policy.Limits()
 		cfg.MaxTimeout = hi.Timeout
 	}
-	h := &handler{cfg: cfg, policy: policy, maxTimeout: cfg.MaxTimeout, rec: &recorder{audit: cfg.Audit, metrics: cfg.Metrics, log: cfg.Logger}}
+	h := &handler{cfg: cfg, policy: policy, maxTimeout: cfg.MaxTimeout}
 	hooks := &server.Hooks{
 		OnBeforeCallTool:        []server.OnBeforeCallToolFunc{stampRequestID},
 		OnRequestInitialization: []server.OnRequestInitializationFunc{checkRequestID},
@@ -75,6 +72,7 @@ func NewServer(cfg Config) *server.MCPServer {
 		server.WithResourceCapabilities(false, false),
 		server.WithRecovery(),
 		server.WithHooks(hooks),
+		server.WithToolHandlerMiddleware(callContext),
 	)
 	s.AddTool(runCodeTool(cfg.Environment, cfg.MaxTimeout), h.runCode)
 	if cfg.Sessions != nil {
@@ -91,7 +89,6 @@ type handler struct {
 	// policy is the runner's, read once: a runner's policy is fixed.
 	policy     sandbox.Policy
 	maxTimeout time.Duration
-	rec        *recorder
 }
 
 func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
@@ -103,10 +100,6 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	if err != nil {
 		return h.toolError(err), nil
 	}
-	if refused := h.rec.refusal(); refused != nil {
-		return refused, nil
-	}
-
 	// state says what the call is doing, for progress messages.
 	var state atomic.Pointer[func() string]
 	setState := func(f func() string) { state.Store(&f) }
@@ -146,9 +139,7 @@ func (h *handler) runCode(ctx context.Context, req mcpgo.CallToolRequest) (*mcpg
 	} else {
 		res, err = h.cfg.Runner.Run(ctx, job)
 	}
-	if lost := h.rec.keep(ctx, req, runRecord(checked, sessionID, res, err)); lost != nil {
-		return lost, nil
-	}
+	h.cfg.Metrics.observeCall(checked.Language, res, err)
 	if err != nil {
 		return h.toolError(err), nil
 	}

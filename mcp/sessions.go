@@ -26,7 +26,7 @@ type sessionTool struct {
 	// input is the tool's input schema.
 	input json.RawMessage
 	// decode decodes a call's arguments; call runs the tool with them, and
-	// sent are the arguments as sent (for the audit record).
+	// sent are the arguments as sent.
 	decode func(raw any) (call sessionCall, sent map[string]json.RawMessage, err error)
 }
 
@@ -139,7 +139,7 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 		tool.Annotations = t.annotations
 		tool.Annotations.Title = strings.ReplaceAll(t.name, "_", " ")
 		s.AddTool(tool, func(ctx context.Context, req mcpgo.CallToolRequest) (*mcpgo.CallToolResult, error) {
-			call, args, err := t.decode(req.Params.Arguments)
+			call, _, err := t.decode(req.Params.Arguments)
 			if err != nil {
 				return h.toolError(err), nil
 			}
@@ -148,37 +148,9 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 			if err != nil {
 				return mcpgo.NewToolResultError(err.Error()), nil
 			}
-			if t.local {
-				return call(h, ctx)
-			}
-			if refused := h.rec.refusal(); refused != nil {
-				return refused, nil
-			}
-			start := time.Now()
-			res, err := call(h, ctx)
-			if err != nil {
-				return res, err
-			}
-			if lost := h.rec.keep(ctx, req, sessionRecord(t.name, args, res, time.Since(start))); lost != nil {
-				return lost, nil
-			}
-			return res, nil
+			return call(h, ctx)
 		})
 	}
-}
-
-// stringArg is the string argument name of arguments as sent, "" if it
-// was left out.
-func stringArg(args map[string]json.RawMessage, name string) (string, error) {
-	raw, ok := args[name]
-	if !ok {
-		return "", nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return "", argError(name, "argument %q must be a string", name)
-	}
-	return s, nil
 }
 
 func (h *handler) createSession(ctx context.Context, args createSessionArgs) (*mcpgo.CallToolResult, error) {

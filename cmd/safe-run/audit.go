@@ -77,6 +77,37 @@ func closeAuditLog(l *audit.Log, path string, logger *slog.Logger) {
 	}
 }
 
+// newRecorder returns the decorator that records every run and session
+// event in l, or nil when there is no log; the caller sets what it wraps.
+func newRecorder(l *audit.Log, logger *slog.Logger) *audit.Runner {
+	if l == nil {
+		return nil
+	}
+	return &audit.Runner{Log: l, Logger: logger}
+}
+
+// audited returns runner and sessions (which may be nil) as rec records
+// them; unchanged when rec is nil.
+func audited(rec *audit.Runner, runner sandbox.Runner, sessions sandbox.Sessions) (sandbox.Runner, sandbox.Sessions) {
+	if rec == nil {
+		return runner, sessions
+	}
+	rec.Runner, rec.Sessions = runner, sessions
+	if sessions == nil {
+		return rec, nil
+	}
+	return rec, rec
+}
+
+// auditHint adds what to do to an error of a run the audit log stopped.
+func auditHint(err error) error {
+	var failed *audit.FailedError
+	if errors.As(err, &failed) {
+		return fmt.Errorf("%w; make the --audit-log file writable (disk space, permissions) and run again", err)
+	}
+	return err
+}
+
 func cmdAudit(args []string) int {
 	if len(args) == 1 && (args[0] == "-h" || args[0] == "--help") {
 		fmt.Print(auditUsage)

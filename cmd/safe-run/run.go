@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
 	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
@@ -116,16 +115,16 @@ func cmdRun(args []string) int {
 	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
-	checked, _, err := (sandbox.Policy{Languages: host.languages}).Check(job)
-	if err != nil {
+	if _, _, err := (sandbox.Policy{Languages: host.languages}).Check(job); err != nil {
 		return fail(err)
 	}
 	// No log, no run: a run that could not be recorded must not happen.
-	auditLog, err := audits.open(newLogger())
+	logger := newLogger()
+	auditLog, err := audits.open(logger)
 	if err != nil {
 		return fail(err)
 	}
-	defer closeAuditLog(auditLog, audits.path, newLogger())
+	defer closeAuditLog(auditLog, audits.path, logger)
 	cfg, err := host.runtimeConfig()
 	if err != nil {
 		return fail(err)
@@ -152,19 +151,10 @@ func cmdRun(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	res, err := rt.Run(ctx, job)
-	if auditLog != nil {
-		rec := audit.RunRecord(checked, res)
-		if err != nil {
-			rec.Status, rec.ExitCode, rec.Message = "refused", nil, err.Error()
-		}
-		rec.ClientName, rec.ClientVersion = "safe-run run", version
-		if aerr := auditLog.Append(rec); aerr != nil {
-			return fail(fmt.Errorf("the run's audit record could not be written: %w", aerr))
-		}
-	}
+	runner, _ := audited(newRecorder(auditLog, logger), rt, nil)
+	res, err := runner.Run(sandbox.WithClient(ctx, sandbox.Client{Name: "safe-run run", Version: version}), job)
 	if err != nil {
-		return fail(err)
+		return fail(auditHint(err))
 	}
 	if h := hint(res.Err); h != "" {
 		res.Message += "; " + h

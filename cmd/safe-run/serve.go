@@ -21,7 +21,6 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
-	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
 	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
@@ -219,16 +218,10 @@ func serve(f serveFlags) error {
 	}
 	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions = policy, logger, f.sessions
 	cfg.Backend.Logger = logger
-	if auditLog != nil {
+	recorder := newRecorder(auditLog, logger)
+	if recorder != nil {
 		// Sessions also end without a call: idle, too old, or at exit.
-		cfg.Engine.Sessions.OnEnd = func(info sandbox.SessionInfo, reason string) {
-			rec := audit.Record{Time: time.Now().UTC(), Event: audit.EventSessionEnd, SessionID: info.ID,
-				Language: info.Language, Status: "ok", Message: reason,
-				DurationMS: time.Since(info.Created).Milliseconds()}
-			if err := auditLog.Append(rec); err != nil {
-				logger.Error("AUDIT LOG WRITE FAILED: the end of a session is not recorded; runs are refused until the log is writable", "session", info.ID, "err", err)
-			}
-		}
+		cfg.Engine.Sessions.OnEnd = recorder.SessionEnded
 	}
 	if cfg.Engine.Pool, err = f.pool.config(); err != nil {
 		return err
@@ -277,14 +270,12 @@ func serve(f serveFlags) error {
 	if f.cacheTTL > 0 {
 		runner = &sandbox.ResultCache{Runner: rt, TTL: f.cacheTTL, MaxBytes: f.cacheSize}
 	}
+	runner, sessions = audited(recorder, runner, sessions)
 	mcpCfg := mcp.Config{
 		Runner: runner, Sessions: sessions, Environment: env,
 		Gate:       gate,
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
 		Metrics: metrics,
-	}
-	if auditLog != nil {
-		mcpCfg.Audit = auditLog
 	}
 	srv := mcp.NewServer(mcpCfg)
 
