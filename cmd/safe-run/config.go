@@ -13,7 +13,6 @@ import (
 
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -46,7 +45,7 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
 	h.languages = sandbox.DefaultLanguages
 	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
-	h.stateDir = runtime.DefaultStateDir()
+	h.stateDir = defaultStateDir()
 	fs.Var(absPathFlag{&h.stateDir}, "state-dir", "`directory` for per-run state")
 	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
 	fs.Var(absPathFlag{&h.debugLogDir}, "debug-log-dir", "keep runsc debug logs below this `directory`")
@@ -182,23 +181,23 @@ func (h *hostFlags) languageTable() []sandbox.Language {
 // runtimeConfig resolves the flags into a runtime configuration, checking
 // that the image and those of the languages are in the cache. Its policy
 // has the language table; callers add the rest.
-func (h *hostFlags) runtimeConfig() (runtime.Config, error) {
-	if err := runtime.CheckPrivileges(); err != nil {
-		return runtime.Config{}, err
+func (h *hostFlags) runtimeConfig() (backendConfig, error) {
+	if err := checkPrivileges(); err != nil {
+		return backendConfig{}, err
 	}
 	store := h.store()
 	img, err := store.Lookup(h.image)
 	if err != nil {
-		return runtime.Config{}, err
+		return backendConfig{}, err
 	}
 	langs := h.languageTable()
 	for _, l := range langs {
 		if _, err := store.Lookup(l.Image); err != nil {
-			return runtime.Config{}, fmt.Errorf("language %s: %w", l.Name, err)
+			return backendConfig{}, fmt.Errorf("language %s: %w", l.Name, err)
 		}
 	}
 	runsc, _ := h.runscPath()
-	return runtime.Config{
+	return backendConfig{
 		Runsc:       runsc,
 		Agent:       h.agentPath(),
 		Rootfs:      img.Root,
@@ -213,13 +212,13 @@ func (h *hostFlags) runtimeConfig() (runtime.Config, error) {
 
 // storeImages resolves image references to images of the store, looked up
 // for every run: a re-pulled or removed image takes effect at once.
-func storeImages(store imageCache) runtime.ImageResolver {
-	return func(ref string) (runtime.Image, error) {
+func storeImages(store imageCache) imageResolver {
+	return func(ref string) (backendImage, error) {
 		img, err := store.Lookup(ref)
 		if err != nil {
-			return runtime.Image{}, err
+			return backendImage{}, err
 		}
-		out := runtime.Image{Rootfs: img.Root}
+		out := backendImage{Rootfs: img.Root}
 		if img.Config != nil {
 			out.Env, out.WorkingDir = img.Config.Env, img.Config.WorkingDir
 		}

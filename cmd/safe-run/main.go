@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -46,7 +45,7 @@ func init() {
 }
 
 func main() {
-	runtime.ShimMain() // never returns when this process is the cgroup shim
+	shimMain() // never returns when this process is the cgroup shim
 	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
 }
@@ -63,14 +62,14 @@ func enterUserNamespace(args []string) {
 	switch args[0] {
 	case "run", "serve":
 	case "doctor":
-		if runtime.UserNamespaceCheck() != nil {
+		if userNamespaceCheck() != nil {
 			return
 		}
 	default:
 		return
 	}
 	var env []string
-	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": runtime.DefaultStateDir()} {
+	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": defaultStateDir()} {
 		if os.Getenv(name) == "" {
 			env = append(env, name+"="+def)
 		}
@@ -82,7 +81,7 @@ func enterUserNamespace(args []string) {
 	} else {
 		env = append(env, defaultCacheEnv+"=")
 	}
-	runtime.UserNamespaceMain(env...)
+	userNamespaceMain(env...)
 }
 
 func dispatch(args []string) int {

@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 	"golang.org/x/sys/unix"
 )
@@ -36,23 +35,23 @@ const defaultPool = "python=2,node=1,bash=1"
 func (p *poolFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.sizes, "pool", defaultPool, "warm sandboxes kept ready per language, as `LANG=N,...`; each serves one run (empty or 0 disables)")
 	fs.StringVar(&p.preload, "preload", defaultPreload(), "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...`")
-	p.memory = runtime.DefaultPoolMemory
+	p.memory = defaultPoolMemory
 	fs.Var(sizeFlag{&p.memory}, "pool-memory", "most memory the warm sandboxes use together (a `size`)")
 	fs.BoolVar(&p.checkpoints, "checkpoints", true, "refill the pool by restoring a cached checkpoint of a warm sandbox (Python)")
 }
 
 func defaultPreload() string {
 	var parts []string
-	for _, lang := range sortedKeys(runtime.DefaultPreload) {
-		parts = append(parts, lang+"="+strings.Join(runtime.DefaultPreload[lang], ","))
+	for _, lang := range sortedKeys(preloadModules) {
+		parts = append(parts, lang+"="+strings.Join(preloadModules[lang], ","))
 	}
 	return strings.Join(parts, ";")
 }
 
 // config turns the flags into the runtime's pool configuration, with
 // checkpoint images cached below cacheDir.
-func (p *poolFlags) config(cacheDir string) (runtime.PoolConfig, error) {
-	cfg := runtime.PoolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
+func (p *poolFlags) config(cacheDir string) (poolConfig, error) {
+	cfg := poolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
 	for _, part := range splitList(p.sizes, ",") {
 		lang, n, ok := strings.Cut(part, "=")
 		size, err := strconv.Atoi(n)

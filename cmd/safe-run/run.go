@@ -17,7 +17,6 @@ import (
 
 	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -131,10 +130,10 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	if *warm {
-		cfg.Pool = runtime.PoolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true,
+		cfg.Pool = poolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true,
 			CheckpointDir: checkpointDir(host.cacheDir)}
 	}
-	rt, err := runtime.New(cfg)
+	rt, err := newBackend(cfg)
 	if err != nil {
 		return fail(err)
 	}

@@ -23,7 +23,6 @@ import (
 
 	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -91,7 +90,7 @@ type serveFlags struct {
 	timeout       time.Duration
 	maxTimeout    time.Duration
 	limits        sandbox.Limits
-	sessions      runtime.SessionConfig
+	sessions      sessionConfig
 	pool          poolFlags
 	cacheTTL      time.Duration
 	cacheSize     int64
@@ -234,7 +233,7 @@ func serve(f serveFlags) error {
 	}
 	// Metrics exist only over HTTP. They are made before the runtime, whose
 	// pool starts sandboxes at once; the gauges read rt only when scraped.
-	var rt *runtime.Runtime
+	var rt backend
 	var metrics *mcp.Metrics
 	gate := sandbox.NewGate(f.maxConcurrent, f.maxQueue)
 	if listener != nil {
@@ -246,7 +245,7 @@ func serve(f serveFlags) error {
 		})
 		cfg.ObserveStart = metrics.ObserveSandboxStart
 	}
-	if rt, err = runtime.New(cfg); err != nil {
+	if rt, err = newBackend(cfg); err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
