@@ -17,24 +17,12 @@ import (
 )
 
 // hostFlags are the settings that say where safe-run finds its parts on
-// this host. Each can also come from an environment variable (hostEnv);
+// this host. Each can also come from an environment variable (envName);
 // unset, runsc and the agent are looked for next to the safe-run binary.
 type hostFlags struct {
 	runsc, agent, cacheDir, image, stateDir, platform, debugLogDir string
 	languages                                                      []sandbox.Language
 	cacheSet                                                       bool // --cache-dir or SAFE_RUN_CACHE given
-}
-
-// hostEnv names the environment variable of each host flag.
-var hostEnv = map[string]string{
-	"runsc":         "SAFE_RUN_RUNSC",
-	"agent":         "SAFE_RUN_AGENT",
-	"cache-dir":     "SAFE_RUN_CACHE",
-	"image":         "SAFE_RUN_IMAGE",
-	"state-dir":     "SAFE_RUN_STATE_DIR",
-	"platform":      "SAFE_RUN_PLATFORM",
-	"debug-log-dir": "SAFE_RUN_DEBUG_LOG_DIR",
-	"languages":     "SAFE_RUN_LANGUAGES",
 }
 
 func (h *hostFlags) register(fs *flag.FlagSet) {
@@ -102,7 +90,7 @@ const defaultCacheEnv = "SAFE_RUN_CACHE_IS_DEFAULT"
 // a user who chose no cache directory.
 func (h *hostFlags) store() imageCache {
 	c := imageCache{own: rootfs.Store{Dir: h.cacheDir}}
-	passed, _ := filepath.Abs(os.Getenv("SAFE_RUN_CACHE"))
+	passed, _ := filepath.Abs(os.Getenv(envName("cache-dir")))
 	chosen := h.cacheSet && (os.Getenv(defaultCacheEnv) != "1" || h.cacheDir != passed)
 	if !chosen && filepath.Clean(h.cacheDir) != rootfs.SystemDir {
 		c.system = &rootfs.Store{Dir: rootfs.SystemDir}

@@ -25,16 +25,16 @@ type check struct {
 func cmdDoctor(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	var host hostFlags
-	host.register(fs)
+	env := registerWithEnv(fs, host.register)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
-		printSettings(fs, hostEnv)
+		printSettings(fs, env)
 	}
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	if err := applySettings(fs, hostEnv, ""); err != nil {
+	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
 	checks := diagnose(&host)

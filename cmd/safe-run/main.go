@@ -69,14 +69,14 @@ func enterUserNamespace(args []string) {
 		return
 	}
 	var env []string
-	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": defaultStateDir()} {
+	for name, def := range map[string]string{envName("cache-dir"): rootfs.DefaultDir(), envName("state-dir"): defaultStateDir()} {
 		if os.Getenv(name) == "" {
 			env = append(env, name+"="+def)
 		}
 	}
 	// The user's cache passed on is their default, not a choice: images missing
 	// there may still come from the system cache.
-	if os.Getenv("SAFE_RUN_CACHE") == "" {
+	if os.Getenv(envName("cache-dir")) == "" {
 		env = append(env, defaultCacheEnv+"=1")
 	} else {
 		env = append(env, defaultCacheEnv+"=")
@@ -150,9 +150,9 @@ func oneLine(s string) string {
 }
 
 // newLogger logs to stderr (stdout carries program output or MCP) at the
-// level named by SAFE_RUN_LOG_LEVEL, warn by default.
+// level named by SAFE_RUN_LOG_LEVEL (serve's --log-level), warn by default.
 func newLogger() *slog.Logger {
-	return newLoggerAt(parseLevel(os.Getenv("SAFE_RUN_LOG_LEVEL"), slog.LevelWarn))
+	return newLoggerAt(parseLevel(os.Getenv(envName("log-level")), slog.LevelWarn))
 }
 
 func newLoggerAt(level slog.Level) *slog.Logger {

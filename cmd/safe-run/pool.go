@@ -20,14 +20,6 @@ type poolFlags struct {
 	checkpoints bool
 }
 
-// poolEnv names the environment variable of each pool flag.
-var poolEnv = map[string]string{
-	"pool":        "SAFE_RUN_POOL",
-	"preload":     "SAFE_RUN_PRELOAD",
-	"pool-memory": "SAFE_RUN_POOL_MEMORY",
-	"checkpoints": "SAFE_RUN_CHECKPOINTS",
-}
-
 // defaultPool keeps enough warm sandboxes for a client's bursts of calls
 // while costing little memory when idle (see the README's benchmark).
 const defaultPool = "python=2,node=1,bash=1"

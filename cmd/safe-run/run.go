@@ -60,13 +60,6 @@ func (s sizeFlag) Set(v string) error {
 
 func cmdRun(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	env := map[string]string{}
-	for _, m := range []map[string]string{hostEnv, auditEnv} {
-		for k, v := range m {
-			env[k] = v
-		}
-	}
-	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	var (
 		host    hostFlags
 		audits  auditFlags
@@ -81,8 +74,8 @@ func cmdRun(args []string) int {
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
-	host.register(fs)
-	audits.register(fs)
+	env := registerWithEnv(fs, host.register, audits.register)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
@@ -94,7 +87,7 @@ func cmdRun(args []string) int {
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	if err := applySettings(fs, env, ""); err != nil {
+	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
 	if *timeout < 0 {
