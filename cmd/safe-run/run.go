@@ -95,7 +95,7 @@ func cmdRun(args []string) int {
 	}
 	limits.Timeout = *timeout
 
-	job, err := buildJob(*lang, *code, fs.Args(), files, *stdin)
+	job, err := buildJob(host.languages, *lang, *code, fs.Args(), files, *stdin)
 	if err != nil {
 		return fail(err)
 	}
@@ -201,8 +201,9 @@ func exitCode(res sandbox.Result) int {
 	return exitSandboxError
 }
 
-// buildJob reads the code and files named on the command line.
-func buildJob(lang, code string, args []string, files fileFlag, stdinPath string) (sandbox.Job, error) {
+// buildJob reads the code and files named on the command line; a FILE's
+// extension names its language among langs unless lang does.
+func buildJob(langs []sandbox.Language, lang, code string, args []string, files fileFlag, stdinPath string) (sandbox.Job, error) {
 	var job sandbox.Job
 	switch {
 	case code != "" && len(args) > 0:
@@ -229,7 +230,7 @@ func buildJob(lang, code string, args []string, files fileFlag, stdinPath string
 		}
 		job.Code = string(data)
 		if lang == "" {
-			lang = languageOf(args[0])
+			lang = languageOf(langs, args[0])
 		}
 	}
 	if lang == "" {
@@ -266,17 +267,11 @@ func buildJob(lang, code string, args []string, files fileFlag, stdinPath string
 	return job, nil
 }
 
-// languageOf guesses a language from a file name's extension.
-func languageOf(name string) string {
-	switch filepath.Ext(name) {
-	case ".py":
-		return "python"
-	case ".js", ".cjs":
-		return "node"
-	case ".sh", ".bash":
-		return "bash"
-	}
-	return ""
+// languageOf guesses a language from a file name's extension: that of the
+// first of langs whose code file has it.
+func languageOf(langs []sandbox.Language, name string) string {
+	l, _ := sandbox.Policy{Languages: langs}.LanguageForFile(name)
+	return l.Name
 }
 
 // maxInputBytes bounds what the CLI reads into memory for one input; the
