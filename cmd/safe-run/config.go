@@ -32,7 +32,8 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.Var(cacheDirFlag{h}, "cache-dir", "image cache `directory`; unless given, images it lacks are looked up in the system cache "+rootfs.SystemDir+", read-only")
 	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
 	h.languages = sandbox.DefaultLanguages
-	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
+	fs.Var(languagesFlag{&h.languages}, "languages", "JSON list of languages added to or replacing "+joinNames(sandbox.Policy{}.LanguageNames(), "and")+
+		`, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
 	h.stateDir = defaultStateDir()
 	fs.Var(absPathFlag{&h.stateDir}, "state-dir", "`directory` for per-run state")
 	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
@@ -266,6 +267,14 @@ func (f languagesFlag) Set(v string) error {
 	}
 	*f.langs = merged
 	return nil
+}
+
+// joinNames lists names as prose: "a, b and c" with conj "and".
+func joinNames(names []string, conj string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " " + conj + " " + names[len(names)-1]
 }
 
 // imageMountpoints are the paths every image needs for the sandbox's mounts.

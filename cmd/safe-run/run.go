@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -63,7 +64,7 @@ func cmdRun(args []string) int {
 	var (
 		host    hostFlags
 		audits  auditFlags
-		lang    = fs.String("lang", "", "language: python, node, bash or one of --languages (default: from FILE's extension)")
+		lang    = fs.String("lang", "", "language: "+strings.Join(sandbox.Policy{}.LanguageNames(), ", ")+" or one of --languages (default: from FILE's extension)")
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
 		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
@@ -71,7 +72,7 @@ func cmdRun(args []string) int {
 		outOpts outOptions
 		files   fileFlag
 		limits  sandbox.Limits
-		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
+		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
 	env := registerWithEnv(fs, host.register, audits.register)
@@ -79,11 +80,11 @@ func cmdRun(args []string) int {
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
-	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default 512MiB)")
-	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default 128)")
-	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default 1)")
-	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default 1MiB)")
-	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default 256MiB)")
+	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default "+sandbox.FormatBytes(sandbox.DefaultLimits.MemoryBytes)+")")
+	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default "+strconv.Itoa(sandbox.DefaultLimits.Processes)+")")
+	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default "+strconv.FormatFloat(sandbox.DefaultLimits.CPUs, 'f', -1, 64)+")")
+	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default "+sandbox.FormatBytes(sandbox.DefaultLimits.OutputBytes)+")")
+	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default "+sandbox.FormatBytes(sandbox.DefaultLimits.WorkspaceBytes)+")")
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
@@ -234,7 +235,7 @@ func buildJob(langs []sandbox.Language, lang, code string, args []string, files 
 		}
 	}
 	if lang == "" {
-		return job, &sandbox.InputError{Field: "language", Msg: "not given; pass --lang python, node or bash"}
+		return job, &sandbox.InputError{Field: "language", Msg: "not given; pass --lang " + joinNames(sandbox.Policy{}.LanguageNames(), "or")}
 	}
 	job.Language = lang
 	for _, spec := range files {
