@@ -36,6 +36,9 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 		`, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
 	h.stateDir = defaultStateDir()
 	fs.Var(absPathFlag{&h.stateDir}, "state-dir", "`directory` for per-run state")
+	// TODO(integrator): default from engine — runtime.New also turns an
+	// empty Platform into "systrap"; export that default (e.g.
+	// gvisor.DefaultPlatform) and use it here and in backend.go.
 	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
 	fs.Var(absPathFlag{&h.debugLogDir}, "debug-log-dir", "keep runsc debug logs below this `directory`")
 }
