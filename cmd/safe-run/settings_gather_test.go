@@ -1,9 +1,11 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -172,4 +174,31 @@ func TestGatherServe(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "audit.log")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("gathering the configuration created the audit log (%v); only newService may", err)
 	}
+}
+
+// TestNewServiceClosesOnError checks that a service that fails to build
+// closes what it built first: the HTTP listener, bound before the slow
+// start-up, must not stay bound after serve has given up.
+func TestNewServiceClosesOnError(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	f, err := gatherServe([]string{"--http", addr, "--image", "no-such-image", "--cache-dir", t.TempDir(), "--log-level", "error"},
+		func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("gatherServe: %v", err)
+	}
+	svc, err := newService(context.Background(), f)
+	if err == nil {
+		svc.close()
+		t.Fatal("newService started with an image that does not exist")
+	}
+	again, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the listener on %s is still bound after newService failed: %v", addr, err)
+	}
+	again.Close()
 }
