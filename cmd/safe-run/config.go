@@ -46,7 +46,7 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 // runscPath is the runsc to use and where that choice came from.
 func (h *hostFlags) runscPath() (path, source string) {
 	if h.runsc != "" {
-		return h.runsc, "--runsc or SAFE_RUN_RUNSC"
+		return h.runsc, flagOrEnv("runsc")
 	}
 	if p := besideExecutable("runsc"); p != "" {
 		return p, "next to safe-run"

@@ -101,7 +101,7 @@ func diagnose(host *hostFlags) []check {
 	}
 	stateErr := checkWritableDir(stateDir)
 	add(check{Name: "state", OK: stateErr == nil, Detail: "per-run state in " + stateDir + errSuffix(stateErr),
-		Fix: fixIf(stateErr != nil, "choose a writable local directory with --state-dir or SAFE_RUN_STATE_DIR")})
+		Fix: fixIf(stateErr != nil, "choose a writable local directory with "+flagOrEnv("state-dir"))})
 
 	cgroups := checkCgroups()
 	cgErr := error(nil)
@@ -179,7 +179,7 @@ func checkCgroups() check {
 }
 
 func checkRunsc(path, source string) check {
-	c := check{Name: "runsc", Fix: "build the pinned runsc with `make runsc`, or name one with --runsc or SAFE_RUN_RUNSC"}
+	c := check{Name: "runsc", Fix: "build the pinned runsc with `make runsc`, or name one with " + flagOrEnv("runsc")}
 	if path == "" {
 		c.Detail = "runsc not found next to safe-run or in PATH"
 		return c
@@ -197,7 +197,7 @@ func checkRunsc(path, source string) check {
 }
 
 func checkAgent(path string) check {
-	c := check{Name: "agent", Fix: "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"}
+	c := check{Name: "agent", Fix: "build it with `make`, or name it with " + flagOrEnv("agent")}
 	if path == "" {
 		c.Detail = "safe-run-agent not found next to safe-run"
 		return c

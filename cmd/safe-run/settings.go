@@ -20,6 +20,9 @@ func envName(flag string) string {
 	return "SAFE_RUN_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// flagOrEnv names a setting both ways, for messages: "--runsc or SAFE_RUN_RUNSC".
+func flagOrEnv(flag string) string { return "--" + flag + " or " + envName(flag) }
+
 // envExceptions are the environment variables named before the rule of
 // envName, kept as they are documented: SAFE_RUN_CACHE is --cache-dir's.
 var envExceptions = map[string]string{"cache-dir": "SAFE_RUN_CACHE"}
