@@ -113,6 +113,31 @@ func (p Policy) Language(name string) (Language, bool) {
 	return p.languages()[i], true
 }
 
+// LanguageForFile returns the first of the policy's languages whose code
+// file (Filename) has the extension of the file name, so that a language
+// added to the policy is found by its files too. Besides, .cjs finds the
+// language of .js files and .bash that of .sh files: those languages run
+// such files alike.
+func (p Policy) LanguageForFile(name string) (Language, bool) {
+	ext := path.Ext(name)
+	if same, ok := extensionSynonyms[ext]; ok {
+		ext = same
+	}
+	if ext == "" {
+		return Language{}, false
+	}
+	i := slices.IndexFunc(p.languages(), func(l Language) bool { return path.Ext(l.Filename) == ext })
+	if i < 0 {
+		return Language{}, false
+	}
+	return p.languages()[i], true
+}
+
+// extensionSynonyms are file extensions that name the same kind of file as
+// another: node runs a .cjs file as it runs main.js (CommonJS), and bash a
+// .bash file as main.sh.
+var extensionSynonyms = map[string]string{".cjs": ".js", ".bash": ".sh"}
+
 // MergeLanguages returns base with each of extra added, or replacing the
 // language of the same name. A replacement keeps the filename and command
 // it leaves out, and the interpreter when it keeps the command: mapping

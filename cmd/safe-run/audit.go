@@ -37,14 +37,6 @@ type auditFlags struct {
 	code     bool
 }
 
-// auditEnv names the environment variable of each audit flag.
-var auditEnv = map[string]string{
-	"audit-log":       "SAFE_RUN_AUDIT_LOG",
-	"audit-max-size":  "SAFE_RUN_AUDIT_MAX_SIZE",
-	"audit-max-files": "SAFE_RUN_AUDIT_MAX_FILES",
-	"audit-code":      "SAFE_RUN_AUDIT_CODE",
-}
-
 func (a *auditFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.path, "audit-log", "", "append a hash-chained JSON record of every run and session event to this `file`")
 	a.maxSize = 100 * sandbox.MiB

@@ -93,11 +93,11 @@ func TestImageCacheChoice(t *testing.T) {
 			}
 			fs := flag.NewFlagSet("run", flag.ContinueOnError)
 			var h hostFlags
-			h.register(fs)
+			env := registerWithEnv(fs, h.register)
 			if err := fs.Parse(tc.args); err != nil {
 				t.Fatal(err)
 			}
-			if err := applySettings(fs, hostEnv, ""); err != nil {
+			if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 				t.Fatal(err)
 			}
 			want := tc.system

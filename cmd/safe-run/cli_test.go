@@ -220,9 +220,30 @@ func TestExitCodeMapping(t *testing.T) {
 }
 
 func TestLanguageOf(t *testing.T) {
-	for name, want := range map[string]string{"a.py": "python", "b.js": "node", "c.sh": "bash", "d.rb": "", "noext": ""} {
-		if got := languageOf(name); got != want {
-			t.Errorf("languageOf(%q) = %q, want %q", name, got, want)
+	ruby := sandbox.MergeLanguages(sandbox.DefaultLanguages, []sandbox.Language{
+		{Name: "ruby", Filename: "main.rb", Command: []string{"ruby", "main.rb"}},
+		{Name: "python3.12", Filename: "main.py", Command: []string{"python3.12", "main.py"}},
+		{Name: "plain", Filename: "main", Command: []string{"sh", "main"}},
+	})
+	for _, tc := range []struct {
+		langs      []sandbox.Language
+		name, want string
+	}{
+		{sandbox.DefaultLanguages, "a.py", "python"},
+		{sandbox.DefaultLanguages, "dir/b.js", "node"},
+		{sandbox.DefaultLanguages, "b.cjs", "node"},
+		{sandbox.DefaultLanguages, "c.sh", "bash"},
+		{sandbox.DefaultLanguages, "c.bash", "bash"},
+		{sandbox.DefaultLanguages, "d.rb", ""},
+		{sandbox.DefaultLanguages, "noext", ""},
+		{sandbox.DefaultLanguages, "a.PY", ""},
+		{ruby, "d.rb", "ruby"},   // a language added by --languages
+		{ruby, "a.py", "python"}, // the first of two with .py
+		{ruby, "noext", ""},      // no extension matches none, not "main"
+		{nil, "a.py", "python"},  // no table: the defaults
+	} {
+		if got := languageOf(tc.langs, tc.name); got != tc.want {
+			t.Errorf("languageOf(%d languages, %q) = %q, want %q", len(tc.langs), tc.name, got, tc.want)
 		}
 	}
 }

@@ -13,30 +13,16 @@ import (
 
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime/engine"
-	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
 // hostFlags are the settings that say where safe-run finds its parts on
-// this host. Each can also come from an environment variable (hostEnv);
+// this host. Each can also come from an environment variable (envName);
 // unset, runsc and the agent are looked for next to the safe-run binary.
 type hostFlags struct {
 	runsc, agent, cacheDir, image, stateDir, platform, debugLogDir string
 	languages                                                      []sandbox.Language
 	cacheSet                                                       bool // --cache-dir or SAFE_RUN_CACHE given
-}
-
-// hostEnv names the environment variable of each host flag.
-var hostEnv = map[string]string{
-	"runsc":         "SAFE_RUN_RUNSC",
-	"agent":         "SAFE_RUN_AGENT",
-	"cache-dir":     "SAFE_RUN_CACHE",
-	"image":         "SAFE_RUN_IMAGE",
-	"state-dir":     "SAFE_RUN_STATE_DIR",
-	"platform":      "SAFE_RUN_PLATFORM",
-	"debug-log-dir": "SAFE_RUN_DEBUG_LOG_DIR",
-	"languages":     "SAFE_RUN_LANGUAGES",
 }
 
 func (h *hostFlags) register(fs *flag.FlagSet) {
@@ -46,17 +32,18 @@ func (h *hostFlags) register(fs *flag.FlagSet) {
 	fs.Var(cacheDirFlag{h}, "cache-dir", "image cache `directory`; unless given, images it lacks are looked up in the system cache "+rootfs.SystemDir+", read-only")
 	fs.StringVar(&h.image, "image", rootfs.DefaultName, "image to run in, by name (see `safe-run image ls`), unless a language names its own")
 	h.languages = sandbox.DefaultLanguages
-	fs.Var(languagesFlag{&h.languages}, "languages", `JSON list of languages added to or replacing python, node and bash, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
-	h.stateDir = gvisor.DefaultStateDir()
+	fs.Var(languagesFlag{&h.languages}, "languages", "JSON list of languages added to or replacing "+joinNames(sandbox.Policy{}.LanguageNames(), "and")+
+		`, e.g. [{"name":"ruby","image":"ruby:3.3","filename":"main.rb","command":["ruby","main.rb"]}]`)
+	h.stateDir = defaultStateDir()
 	fs.Var(absPathFlag{&h.stateDir}, "state-dir", "`directory` for per-run state")
-	fs.StringVar(&h.platform, "platform", "systrap", "gVisor platform")
+	fs.StringVar(&h.platform, "platform", defaultPlatform, "gVisor platform")
 	fs.Var(absPathFlag{&h.debugLogDir}, "debug-log-dir", "keep runsc debug logs below this `directory`")
 }
 
 // runscPath is the runsc to use and where that choice came from.
 func (h *hostFlags) runscPath() (path, source string) {
 	if h.runsc != "" {
-		return h.runsc, "--runsc or SAFE_RUN_RUNSC"
+		return h.runsc, flagOrEnv("runsc")
 	}
 	if p := besideExecutable("runsc"); p != "" {
 		return p, "next to safe-run"
@@ -104,7 +91,7 @@ const defaultCacheEnv = "SAFE_RUN_CACHE_IS_DEFAULT"
 // a user who chose no cache directory.
 func (h *hostFlags) store() imageCache {
 	c := imageCache{own: rootfs.Store{Dir: h.cacheDir}}
-	passed, _ := filepath.Abs(os.Getenv("SAFE_RUN_CACHE"))
+	passed, _ := filepath.Abs(os.Getenv(envName("cache-dir")))
 	chosen := h.cacheSet && (os.Getenv(defaultCacheEnv) != "1" || h.cacheDir != passed)
 	if !chosen && filepath.Clean(h.cacheDir) != rootfs.SystemDir {
 		c.system = &rootfs.Store{Dir: rootfs.SystemDir}
@@ -183,47 +170,41 @@ func (h *hostFlags) languageTable() []sandbox.Language {
 // runtimeConfig resolves the flags into a runtime configuration, checking
 // that the image and those of the languages are in the cache. Its policy
 // has the language table; callers add the rest.
-func (h *hostFlags) runtimeConfig() (stackConfig, error) {
-	if err := gvisor.CheckPrivileges(); err != nil {
-		return stackConfig{}, withHint(err)
+func (h *hostFlags) runtimeConfig() (backendConfig, error) {
+	if err := checkPrivileges(); err != nil {
+		return backendConfig{}, withHint(err)
 	}
 	store := h.store()
 	img, err := store.Lookup(h.image)
 	if err != nil {
-		return stackConfig{}, err
+		return backendConfig{}, err
 	}
 	langs := h.languageTable()
 	for _, l := range langs {
 		if _, err := store.Lookup(l.Image); err != nil {
-			return stackConfig{}, fmt.Errorf("language %s: %w", l.Name, err)
+			return backendConfig{}, fmt.Errorf("language %s: %w", l.Name, err)
 		}
 	}
 	runsc, _ := h.runscPath()
 	logger := newLogger()
-	return stackConfig{
-		Backend: gvisor.Config{
-			Runsc:       runsc,
-			Agent:       h.agentPath(),
-			Rootfs:      img.Root,
-			Images:      storeImages(store),
-			StateDir:    h.stateDir,
-			Platform:    h.platform,
-			DebugLogDir: h.debugLogDir,
-			Logger:      logger,
-		},
-		Engine: engine.Config{Policy: sandbox.Policy{Languages: langs}, Logger: logger},
-	}, nil
+	var cfg backendConfig
+	cfg.Backend.Runsc, cfg.Backend.Agent = runsc, h.agentPath()
+	cfg.Backend.Rootfs, cfg.Backend.Images = img.Root, storeImages(store)
+	cfg.Backend.StateDir, cfg.Backend.Platform = h.stateDir, h.platform
+	cfg.Backend.DebugLogDir, cfg.Backend.Logger = h.debugLogDir, logger
+	cfg.Engine.Policy, cfg.Engine.Logger = sandbox.Policy{Languages: langs}, logger
+	return cfg, nil
 }
 
 // storeImages resolves image references to images of the store, looked up
 // for every run: a re-pulled or removed image takes effect at once.
-func storeImages(store imageCache) gvisor.ImageResolver {
-	return func(ref string) (gvisor.Image, error) {
+func storeImages(store imageCache) imageResolver {
+	return func(ref string) (backendImage, error) {
 		img, err := store.Lookup(ref)
 		if err != nil {
-			return gvisor.Image{}, err
+			return backendImage{}, err
 		}
-		out := gvisor.Image{Rootfs: img.Root}
+		out := backendImage{Rootfs: img.Root}
 		if img.Config != nil {
 			out.Env, out.WorkingDir = img.Config.Env, img.Config.WorkingDir
 		}
@@ -283,6 +264,14 @@ func (f languagesFlag) Set(v string) error {
 	}
 	*f.langs = merged
 	return nil
+}
+
+// joinNames lists names as prose: "a, b and c" with conj "and".
+func joinNames(names []string, conj string) string {
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " " + conj + " " + names[len(names)-1]
 }
 
 // imageMountpoints are the paths every image needs for the sandbox's mounts.

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -26,16 +25,16 @@ type check struct {
 func cmdDoctor(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	var host hostFlags
-	host.register(fs)
+	env := registerWithEnv(fs, host.register)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
-		printSettings(fs, hostEnv)
+		printSettings(fs, env)
 	}
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	if err := applySettings(fs, hostEnv, ""); err != nil {
+	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
 	checks := diagnose(&host)
@@ -98,11 +97,11 @@ func diagnose(host *hostFlags) []check {
 
 	stateDir := host.stateDir
 	if stateDir == "" {
-		stateDir = gvisor.DefaultStateDir()
+		stateDir = defaultStateDir()
 	}
 	stateErr := checkWritableDir(stateDir)
 	add(check{Name: "state", OK: stateErr == nil, Detail: "per-run state in " + stateDir + errSuffix(stateErr),
-		Fix: fixIf(stateErr != nil, "choose a writable local directory with --state-dir or SAFE_RUN_STATE_DIR")})
+		Fix: fixIf(stateErr != nil, "choose a writable local directory with "+flagOrEnv("state-dir"))})
 
 	cgroups := checkCgroups()
 	cgErr := error(nil)
@@ -130,43 +129,43 @@ func diagnose(host *hostFlags) []check {
 // checkUser says whether this process can start sandboxes: as root, or as
 // an ordinary user in a user namespace of its own.
 func checkUser() check {
-	if gvisor.HostRoot() {
+	if hostRoot() {
 		return check{Name: "user", OK: true, Detail: "running as root"}
 	}
 	uid := os.Getuid()
 	if os.Geteuid() == 0 {
-		uid = gvisor.HostUID() // root of safe-run's own user namespace
+		uid = hostUID() // root of safe-run's own user namespace
 	}
 	c := check{Name: "user", Detail: fmt.Sprintf("running as uid %d without root", uid)}
 	if os.Geteuid() != 0 {
 		// enterUserNamespace did not get this far.
-		err := gvisor.UserNamespaceCheck()
+		err := userNamespaceCheck()
 		if err == nil {
 			err = errors.New("a user namespace could not be created a moment ago, and now can")
 		}
 		c.Detail += ": " + err.Error()
-		c.Fix = gvisor.UserNamespaceFix(err)
+		c.Fix = userNamespaceFix(err)
 		return c
 	}
-	if err := gvisor.UserNamespaceCapable(); err != nil {
+	if err := userNamespaceCapable(); err != nil {
 		c.Detail += "; a user namespace was created, but its root is powerless: " + err.Error()
-		c.Fix = gvisor.UserNamespaceFix(err)
+		c.Fix = userNamespaceFix(err)
 		return c
 	}
 	c.OK = true
-	c.Detail = fmt.Sprintf("running as uid %d without root; sandboxes run in a user namespace of safe-run's own (no setuid helper)", gvisor.HostUID())
+	c.Detail = fmt.Sprintf("running as uid %d without root; sandboxes run in a user namespace of safe-run's own (no setuid helper)", hostUID())
 	return c
 }
 
 // checkCgroups says where runs' cgroups go, and without root what limits
 // hold and how to get the stronger ones.
 func checkCgroups() check {
-	if gvisor.HostRoot() {
-		layout, err := gvisor.DetectCgroups()
+	if hostRoot() {
+		layout, err := detectCgroups()
 		return check{Name: "cgroups", OK: err == nil, Detail: describeCgroups(layout) + errSuffix(err),
 			Fix: fixIf(err != nil, "run safe-run in a cgroup with the memory, pids and cpu controllers available to it")}
 	}
-	layout, err := gvisor.DetectUserCgroups()
+	layout, err := detectUserCgroups()
 	if err == nil {
 		return check{Name: "cgroups", OK: true, Detail: "delegated cgroup v2 " + layout.Parents[""] +
 			": memory, pids and CPU limits are enforced by the kernel, as for root"}
@@ -180,14 +179,14 @@ func checkCgroups() check {
 }
 
 func checkRunsc(path, source string) check {
-	c := check{Name: "runsc", Fix: "build the pinned runsc with `make runsc`, or name one with --runsc or SAFE_RUN_RUNSC"}
+	c := check{Name: "runsc", Fix: "build the pinned runsc with `make runsc`, or name one with " + flagOrEnv("runsc")}
 	if path == "" {
 		c.Detail = "runsc not found next to safe-run or in PATH"
 		return c
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	version, err := gvisor.RunscVersion(ctx, path)
+	version, err := runscVersion(ctx, path)
 	if err != nil {
 		c.Detail = fmt.Sprintf("%s (%s) does not run: %v", path, source, err)
 		return c
@@ -198,7 +197,7 @@ func checkRunsc(path, source string) check {
 }
 
 func checkAgent(path string) check {
-	c := check{Name: "agent", Fix: "build it with `make`, or name it with --agent or SAFE_RUN_AGENT"}
+	c := check{Name: "agent", Fix: "build it with `make`, or name it with " + flagOrEnv("agent")}
 	if path == "" {
 		c.Detail = "safe-run-agent not found next to safe-run"
 		return c
@@ -256,7 +255,7 @@ func checkWritableDir(dir string) error {
 	return err
 }
 
-func describeCgroups(l gvisor.CgroupLayout) string {
+func describeCgroups(l cgroupLayout) string {
 	var parts []string
 	for _, c := range []string{"", "memory", "pids", "cpu", "cpuacct"} {
 		if p, ok := l.Parents[c]; ok {
@@ -275,8 +274,8 @@ func trySandbox(host *hostFlags) check {
 	c := check{Name: "sandbox", Fix: "run with SAFE_RUN_LOG_LEVEL=debug and --debug-log-dir DIR, and read runsc's logs"}
 	cfg, err := host.runtimeConfig()
 	if err == nil {
-		var rt service
-		if rt, err = newStack(cfg); err == nil {
+		var rt backend
+		if rt, err = newBackend(cfg); err == nil {
 			var times []string
 			for _, l := range sandbox.DefaultLanguages {
 				code := map[string]string{"python": "print('ok')", "node": "console.log('ok')", "bash": "echo ok"}[l.Name]

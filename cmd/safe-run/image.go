@@ -18,7 +18,7 @@ import (
 	"github.com/safe-run/safe-run/sandbox"
 )
 
-const imageUsage = `Usage: safe-run image COMMAND [flags]
+var imageUsage = fmt.Sprintf(`Usage: safe-run image COMMAND [flags]
 
 Commands:
   pull [--name NAME] [--replace] REF  download an image from a registry (credentials from ~/.docker/config.json)
@@ -40,8 +40,21 @@ its image's configuration lists. Images are flattened into read-only root
 directories; runs pick one with --image.
 
 Flags (all commands): --cache-dir DIR, --json, --max-size SIZE (all files of an
-image, default 8GiB), --max-file-size SIZE (one file, default 2GiB).
-`
+image, default %s), --max-file-size SIZE (one file, default %s).
+`, sandbox.FormatBytes(rootfs.DefaultExtractLimits.MaxBytes), sandbox.FormatBytes(rootfs.DefaultExtractLimits.MaxFileBytes))
+
+// imageFlags are the flags of every image command.
+type imageFlags struct {
+	cacheDir, name, key string
+	asJSON, replace     bool
+	limits              rootfs.ExtractLimits
+}
+
+// imageVerbs are the image commands, one function each.
+var imageVerbs = map[string]func(ctx context.Context, f imageFlags, operands []string) int{
+	"pull": imagePull, "import": imageImport, "build": imageBuild, "ls": imageList,
+	"rm": imageRemove, "dir": imageDir, "check": imageCheck,
+}
 
 func cmdImage(args []string) int {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
@@ -53,14 +66,14 @@ func cmdImage(args []string) int {
 	}
 	fs := flag.NewFlagSet("image "+args[0], flag.ContinueOnError)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), imageUsage) }
-	cacheDir := fs.String("cache-dir", "", "image cache directory (env SAFE_RUN_CACHE; default "+rootfs.DefaultDir()+")")
-	name := fs.String("name", "", "image name")
-	key := fs.String("key", "", "content key of a root file system archive (import: default the archive's SHA-256)")
-	asJSON := fs.Bool("json", false, "print JSON")
-	replace := fs.Bool("replace", false, "pull, import: point an existing name at the new image")
-	limits := rootfs.DefaultExtractLimits
-	fs.Var(sizeFlag{&limits.MaxBytes}, "max-size", "most bytes of files in one image")
-	fs.Var(sizeFlag{&limits.MaxFileBytes}, "max-file-size", "largest file in an image")
+	f := imageFlags{limits: rootfs.DefaultExtractLimits}
+	fs.StringVar(&f.cacheDir, "cache-dir", "", "image cache directory (env "+envName("cache-dir")+"; default "+rootfs.DefaultDir()+")")
+	fs.StringVar(&f.name, "name", "", "image name")
+	fs.StringVar(&f.key, "key", "", "content key of a root file system archive (import: default the archive's SHA-256)")
+	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.BoolVar(&f.replace, "replace", false, "pull, import: point an existing name at the new image")
+	fs.Var(sizeFlag{&f.limits.MaxBytes}, "max-size", "most bytes of files in one image")
+	fs.Var(sizeFlag{&f.limits.MaxFileBytes}, "max-file-size", "largest file in an image")
 	// Flags may come after the operands too: image pull REF --json.
 	var operands []string
 	for rest := args[1:]; ; {
@@ -73,109 +86,132 @@ func cmdImage(args []string) int {
 		operands = append(operands, fs.Arg(0))
 		rest = fs.Args()[1:]
 	}
-	store := rootfs.Store{Dir: *cacheDir}
-	opts := rootfs.ImportOptions{Key: *key, Mountpoints: imageMountpoints(), Limits: limits, Replace: *replace}
+	verb, ok := imageVerbs[args[0]]
+	if !ok {
+		return fail(usageError("unknown image command %q; see `safe-run image -h`", args[0]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	switch args[0] {
-	case "pull":
-		if len(operands) != 1 {
-			return fail(usageError("image pull takes one image reference, e.g. python:3.12-slim"))
-		}
-		ref := operands[0]
-		if *name == "" {
-			*name = ref
-		}
-		progress := newProgress("pulling " + ref)
-		opts.Progress = progress.update
-		start := time.Now()
-		img, err := store.Pull(ctx, *name, ref, opts)
-		progress.done()
-		if err != nil {
-			return fail(err)
-		}
-		return imageDone(img, *name, time.Since(start), *asJSON)
-	case "import":
-		if len(operands) != 1 {
-			return fail(usageError("image import takes one archive FILE"))
-		}
-		progress := newProgress("extracting " + operands[0])
-		opts.Progress = progress.update
-		start := time.Now()
-		img, err := store.ImportFile(ctx, *name, operands[0], opts)
-		progress.done()
-		if err != nil {
-			return fail(err)
-		}
-		return imageDone(img, img.Names[0], time.Since(start), *asJSON)
-	case "build":
-		if len(operands) != 1 || operands[0] != rootfs.DefaultName {
-			return fail(usageError("image build takes the name of a recipe; the only one is: default"))
-		}
-		progress := newProgress("extracting the default image")
-		opts.Progress = progress.update
-		start := time.Now()
-		img, built, err := store.BuildDefault(ctx, opts, os.Stderr)
-		progress.done()
-		if err != nil {
-			return fail(err)
-		}
-		if !built && !*asJSON {
-			fmt.Fprintf(os.Stderr, "the default image %s is up to date\n", img.Key)
-			return 0
-		}
-		return imageDone(img, rootfs.DefaultName, time.Since(start), *asJSON)
-	case "ls":
-		imgs, err := store.List()
-		if err != nil {
-			return fail(err)
-		}
-		if *asJSON {
-			return printJSON(map[string]any{"cache_dir": store.Path(), "images": imgs})
-		}
-		tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAMES\tKEY\tID\tSIZE\tCREATED\tSOURCE")
-		for _, img := range imgs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(img.Names, ","), img.Key, shownID(img), sandbox.FormatBytes(img.Stats.Bytes),
-				img.Created.Format(time.DateTime), shownSource(img))
-		}
-		tw.Flush()
-		return 0
-	case "rm":
-		if len(operands) == 0 {
-			return fail(usageError("image rm takes the names to remove"))
-		}
-		code := 0
-		for _, n := range operands {
-			removed, err := store.Remove(n)
-			switch {
-			case err != nil:
-				code = fail(err)
-			case removed.Root != "":
-				fmt.Fprintf(os.Stderr, "removed %s and its image %s\n", n, removed.Key)
-			default:
-				fmt.Fprintf(os.Stderr, "removed %s; image %s keeps its other names\n", n, removed.Key)
-			}
-		}
-		return code
-	case "dir":
-		fmt.Println(store.Path())
-		return 0
-	case "check":
-		if *name == "" {
-			*name = rootfs.DefaultName
-		}
-		img, err := store.Lookup(*name)
-		if err != nil {
-			return fail(err)
-		}
-		if *key != "" && img.Key != *key {
-			return fail(fmt.Errorf("image %q is %s, not %s", *name, img.Key, *key))
-		}
-		fmt.Println(img.Root)
+	return verb(ctx, f, operands)
+}
+
+func (f imageFlags) store() rootfs.Store { return rootfs.Store{Dir: f.cacheDir} }
+
+// importOptions are the options of the commands that write an image,
+// reporting progress as label.
+func (f imageFlags) importOptions(label string) (rootfs.ImportOptions, *progress) {
+	p := newProgress(label)
+	return rootfs.ImportOptions{Key: f.key, Mountpoints: imageMountpoints(), Limits: f.limits, Replace: f.replace,
+		Progress: p.update}, p
+}
+
+func imagePull(ctx context.Context, f imageFlags, operands []string) int {
+	if len(operands) != 1 {
+		return fail(usageError("image pull takes one image reference, e.g. python:3.12-slim"))
+	}
+	ref := operands[0]
+	if f.name == "" {
+		f.name = ref
+	}
+	opts, progress := f.importOptions("pulling " + ref)
+	start := time.Now()
+	img, err := f.store().Pull(ctx, f.name, ref, opts)
+	progress.done()
+	if err != nil {
+		return fail(err)
+	}
+	return imageDone(img, f.name, time.Since(start), f.asJSON)
+}
+
+func imageImport(ctx context.Context, f imageFlags, operands []string) int {
+	if len(operands) != 1 {
+		return fail(usageError("image import takes one archive FILE"))
+	}
+	opts, progress := f.importOptions("extracting " + operands[0])
+	start := time.Now()
+	img, err := f.store().ImportFile(ctx, f.name, operands[0], opts)
+	progress.done()
+	if err != nil {
+		return fail(err)
+	}
+	return imageDone(img, img.Names[0], time.Since(start), f.asJSON)
+}
+
+func imageBuild(ctx context.Context, f imageFlags, operands []string) int {
+	if len(operands) != 1 || operands[0] != rootfs.DefaultName {
+		return fail(usageError("image build takes the name of a recipe; the only one is: default"))
+	}
+	opts, progress := f.importOptions("extracting the default image")
+	start := time.Now()
+	img, built, err := f.store().BuildDefault(ctx, opts, os.Stderr)
+	progress.done()
+	if err != nil {
+		return fail(err)
+	}
+	if !built && !f.asJSON {
+		fmt.Fprintf(os.Stderr, "the default image %s is up to date\n", img.Key)
 		return 0
 	}
-	return fail(usageError("unknown image command %q; see `safe-run image -h`", args[0]))
+	return imageDone(img, rootfs.DefaultName, time.Since(start), f.asJSON)
+}
+
+func imageList(_ context.Context, f imageFlags, _ []string) int {
+	store := f.store()
+	imgs, err := store.List()
+	if err != nil {
+		return fail(err)
+	}
+	if f.asJSON {
+		return printJSON(map[string]any{"cache_dir": store.Path(), "images": imgs})
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAMES\tKEY\tID\tSIZE\tCREATED\tSOURCE")
+	for _, img := range imgs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", strings.Join(img.Names, ","), img.Key, shownID(img), sandbox.FormatBytes(img.Stats.Bytes),
+			img.Created.Format(time.DateTime), shownSource(img))
+	}
+	tw.Flush()
+	return 0
+}
+
+func imageRemove(_ context.Context, f imageFlags, operands []string) int {
+	if len(operands) == 0 {
+		return fail(usageError("image rm takes the names to remove"))
+	}
+	store := f.store()
+	code := 0
+	for _, n := range operands {
+		removed, err := store.Remove(n)
+		switch {
+		case err != nil:
+			code = fail(err)
+		case removed.Root != "":
+			fmt.Fprintf(os.Stderr, "removed %s and its image %s\n", n, removed.Key)
+		default:
+			fmt.Fprintf(os.Stderr, "removed %s; image %s keeps its other names\n", n, removed.Key)
+		}
+	}
+	return code
+}
+
+func imageDir(_ context.Context, f imageFlags, _ []string) int {
+	fmt.Println(f.store().Path())
+	return 0
+}
+
+func imageCheck(_ context.Context, f imageFlags, _ []string) int {
+	if f.name == "" {
+		f.name = rootfs.DefaultName
+	}
+	img, err := f.store().Lookup(f.name)
+	if err != nil {
+		return fail(err)
+	}
+	if f.key != "" && img.Key != f.key {
+		return fail(fmt.Errorf("image %q is %s, not %s", f.name, img.Key, f.key))
+	}
+	fmt.Println(img.Root)
+	return 0
 }
 
 // imageDone reports an image just pulled, imported or built, and what

@@ -349,7 +349,7 @@ func TestMCPImageArgument(t *testing.T) {
 // TestLanguagesSetting checks that the config file's list of languages
 // reaches the flag as JSON and merges into the defaults.
 func TestLanguagesSetting(t *testing.T) {
-	f, fs, err := serveConfig(t, `{"languages": [{"name": "ruby", "image": "ruby:3.3", "filename": "main.rb", "command": ["ruby", "main.rb"]},
+	f, fs, err := applyConfigFile(t, `{"languages": [{"name": "ruby", "image": "ruby:3.3", "filename": "main.rb", "command": ["ruby", "main.rb"]},
 		{"name": "python", "image": "python:3.12-slim"}], "images": ["python:3.12-slim", "ruby:3.3"]}`)
 	if err != nil {
 		t.Fatalf("applySettings: %v", err)

@@ -12,7 +12,6 @@ import (
 	"strings"
 
 	"github.com/safe-run/safe-run/rootfs"
-	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -46,7 +45,7 @@ func init() {
 }
 
 func main() {
-	gvisor.ShimMain() // never returns when this process is the cgroup shim
+	shimMain() // never returns when this process is the cgroup shim
 	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
 }
@@ -63,26 +62,26 @@ func enterUserNamespace(args []string) {
 	switch args[0] {
 	case "run", "serve":
 	case "doctor":
-		if gvisor.UserNamespaceCheck() != nil {
+		if userNamespaceCheck() != nil {
 			return
 		}
 	default:
 		return
 	}
 	var env []string
-	for name, def := range map[string]string{"SAFE_RUN_CACHE": rootfs.DefaultDir(), "SAFE_RUN_STATE_DIR": gvisor.DefaultStateDir()} {
+	for name, def := range map[string]string{envName("cache-dir"): rootfs.DefaultDir(), envName("state-dir"): defaultStateDir()} {
 		if os.Getenv(name) == "" {
 			env = append(env, name+"="+def)
 		}
 	}
 	// The user's cache passed on is their default, not a choice: images missing
 	// there may still come from the system cache.
-	if os.Getenv("SAFE_RUN_CACHE") == "" {
+	if os.Getenv(envName("cache-dir")) == "" {
 		env = append(env, defaultCacheEnv+"=1")
 	} else {
 		env = append(env, defaultCacheEnv+"=")
 	}
-	gvisor.UserNamespaceMain(env...)
+	userNamespaceMain(env...)
 }
 
 func dispatch(args []string) int {
@@ -150,9 +149,9 @@ func oneLine(s string) string {
 }
 
 // newLogger logs to stderr (stdout carries program output or MCP) at the
-// level named by SAFE_RUN_LOG_LEVEL, warn by default.
+// level named by SAFE_RUN_LOG_LEVEL (serve's --log-level), warn by default.
 func newLogger() *slog.Logger {
-	return newLoggerAt(parseLevel(os.Getenv("SAFE_RUN_LOG_LEVEL"), slog.LevelWarn))
+	return newLoggerAt(parseLevel(os.Getenv(envName("log-level")), slog.LevelWarn))
 }
 
 func newLoggerAt(level slog.Level) *slog.Logger {

@@ -10,7 +10,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -22,14 +21,6 @@ type poolFlags struct {
 	checkpoints bool
 }
 
-// poolEnv names the environment variable of each pool flag.
-var poolEnv = map[string]string{
-	"pool":        "SAFE_RUN_POOL",
-	"preload":     "SAFE_RUN_PRELOAD",
-	"pool-memory": "SAFE_RUN_POOL_MEMORY",
-	"checkpoints": "SAFE_RUN_CHECKPOINTS",
-}
-
 // defaultPool keeps enough warm sandboxes for a client's bursts of calls
 // while costing little memory when idle (see the README's benchmark).
 const defaultPool = "python=2,node=1,bash=1"
@@ -37,22 +28,22 @@ const defaultPool = "python=2,node=1,bash=1"
 func (p *poolFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&p.sizes, "pool", defaultPool, "warm sandboxes kept ready per language, as `LANG=N,...`; each serves one run (empty or 0 disables)")
 	fs.StringVar(&p.preload, "preload", defaultPreload(), "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...`")
-	p.memory = engine.DefaultPoolMemory
+	p.memory = defaultPoolMemory
 	fs.Var(sizeFlag{&p.memory}, "pool-memory", "most memory the warm sandboxes use together (a `size`)")
 	fs.BoolVar(&p.checkpoints, "checkpoints", true, "refill the pool by restoring a cached checkpoint of a warm sandbox (Python)")
 }
 
 func defaultPreload() string {
 	var parts []string
-	for _, lang := range sortedKeys(engine.DefaultPreload) {
-		parts = append(parts, lang+"="+strings.Join(engine.DefaultPreload[lang], ","))
+	for _, lang := range sortedKeys(preloadModules) {
+		parts = append(parts, lang+"="+strings.Join(preloadModules[lang], ","))
 	}
 	return strings.Join(parts, ";")
 }
 
 // config turns the flags into the engine's pool configuration.
-func (p *poolFlags) config() (engine.PoolConfig, error) {
-	cfg := engine.PoolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
+func (p *poolFlags) config() (poolConfig, error) {
+	cfg := poolConfig{Size: map[string]int{}, Preload: map[string][]string{}, MemoryBytes: p.memory}
 	for _, part := range splitList(p.sizes, ",") {
 		lang, n, ok := strings.Cut(part, "=")
 		size, err := strconv.Atoi(n)

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -16,7 +17,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -60,17 +60,10 @@ func (s sizeFlag) Set(v string) error {
 
 func cmdRun(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	env := map[string]string{}
-	for _, m := range []map[string]string{hostEnv, auditEnv} {
-		for k, v := range m {
-			env[k] = v
-		}
-	}
-	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	var (
 		host    hostFlags
 		audits  auditFlags
-		lang    = fs.String("lang", "", "language: python, node, bash or one of --languages (default: from FILE's extension)")
+		lang    = fs.String("lang", "", "language: "+strings.Join(sandbox.Policy{}.LanguageNames(), ", ")+" or one of --languages (default: from FILE's extension)")
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
 		stdin   = fs.String("stdin", "", "file to use as the program's standard input (- for safe-run's own)")
@@ -78,23 +71,23 @@ func cmdRun(args []string) int {
 		outOpts outOptions
 		files   fileFlag
 		limits  sandbox.Limits
-		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default 30s)")
+		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
-	host.register(fs)
-	audits.register(fs)
+	env := registerWithEnv(fs, host.register, audits.register)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
-	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default 512MiB)")
-	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default 128)")
-	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default 1)")
-	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default 1MiB)")
-	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default 256MiB)")
+	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default "+sandbox.FormatBytes(sandbox.DefaultLimits.MemoryBytes)+")")
+	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default "+strconv.Itoa(sandbox.DefaultLimits.Processes)+")")
+	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default "+strconv.FormatFloat(sandbox.DefaultLimits.CPUs, 'f', -1, 64)+")")
+	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default "+sandbox.FormatBytes(sandbox.DefaultLimits.OutputBytes)+")")
+	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default "+sandbox.FormatBytes(sandbox.DefaultLimits.WorkspaceBytes)+")")
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
-	if err := applySettings(fs, env, ""); err != nil {
+	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
 	if *timeout < 0 {
@@ -102,7 +95,7 @@ func cmdRun(args []string) int {
 	}
 	limits.Timeout = *timeout
 
-	job, err := buildJob(*lang, *code, fs.Args(), files, *stdin)
+	job, err := buildJob(host.languages, *lang, *code, fs.Args(), files, *stdin)
 	if err != nil {
 		return fail(err)
 	}
@@ -130,10 +123,10 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	if *warm {
-		cfg.Engine.Pool = engine.PoolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true}
+		cfg.Engine.Pool = poolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true}
 		cfg.Backend.CheckpointDir = checkpointDir(host.cacheDir)
 	}
-	rt, err := newStack(cfg)
+	rt, err := newBackend(cfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -202,8 +195,9 @@ func exitCode(res sandbox.Result) int {
 	return exitSandboxError
 }
 
-// buildJob reads the code and files named on the command line.
-func buildJob(lang, code string, args []string, files fileFlag, stdinPath string) (sandbox.Job, error) {
+// buildJob reads the code and files named on the command line; a FILE's
+// extension names its language among langs unless lang does.
+func buildJob(langs []sandbox.Language, lang, code string, args []string, files fileFlag, stdinPath string) (sandbox.Job, error) {
 	var job sandbox.Job
 	switch {
 	case code != "" && len(args) > 0:
@@ -230,11 +224,11 @@ func buildJob(lang, code string, args []string, files fileFlag, stdinPath string
 		}
 		job.Code = string(data)
 		if lang == "" {
-			lang = languageOf(args[0])
+			lang = languageOf(langs, args[0])
 		}
 	}
 	if lang == "" {
-		return job, &sandbox.InputError{Field: "language", Msg: "not given; pass --lang python, node or bash"}
+		return job, &sandbox.InputError{Field: "language", Msg: "not given; pass --lang " + joinNames(sandbox.Policy{}.LanguageNames(), "or")}
 	}
 	job.Language = lang
 	for _, spec := range files {
@@ -267,17 +261,11 @@ func buildJob(lang, code string, args []string, files fileFlag, stdinPath string
 	return job, nil
 }
 
-// languageOf guesses a language from a file name's extension.
-func languageOf(name string) string {
-	switch filepath.Ext(name) {
-	case ".py":
-		return "python"
-	case ".js", ".cjs":
-		return "node"
-	case ".sh", ".bash":
-		return "bash"
-	}
-	return ""
+// languageOf guesses a language from a file name's extension: that of the
+// first of langs whose code file has it.
+func languageOf(langs []sandbox.Language, name string) string {
+	l, _ := sandbox.Policy{Languages: langs}.LanguageForFile(name)
+	return l.Name
 }
 
 // maxInputBytes bounds what the CLI reads into memory for one input; the

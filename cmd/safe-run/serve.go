@@ -21,8 +21,8 @@ import (
 
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/safe-run/safe-run/audit"
 	"github.com/safe-run/safe-run/mcp"
-	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -43,43 +43,15 @@ and the defaults shown.
 Flags:
 `
 
-// serveEnv names the environment variable of each serve flag.
-var serveEnv = map[string]string{
-	"config":                  "SAFE_RUN_CONFIG",
-	"http":                    "SAFE_RUN_HTTP",
-	"token":                   "SAFE_RUN_TOKEN",
-	"token-file":              "SAFE_RUN_TOKEN_FILE",
-	"allowed-origins":         "SAFE_RUN_ALLOWED_ORIGINS",
-	"allowed-hosts":           "SAFE_RUN_ALLOWED_HOSTS",
-	"max-body":                "SAFE_RUN_MAX_BODY",
-	"read-timeout":            "SAFE_RUN_READ_TIMEOUT",
-	"write-timeout":           "SAFE_RUN_WRITE_TIMEOUT",
-	"idle-timeout":            "SAFE_RUN_IDLE_TIMEOUT",
-	"max-connections":         "SAFE_RUN_MAX_CONNECTIONS",
-	"max-response":            "SAFE_RUN_MAX_RESPONSE",
-	"max-responses-in-flight": "SAFE_RUN_MAX_RESPONSES_IN_FLIGHT",
-	"max-concurrent":          "SAFE_RUN_MAX_CONCURRENT",
-	"max-queue":               "SAFE_RUN_MAX_QUEUE",
-	"timeout":                 "SAFE_RUN_TIMEOUT",
-	"max-timeout":             "SAFE_RUN_MAX_TIMEOUT",
-	"memory":                  "SAFE_RUN_MEMORY",
-	"pids":                    "SAFE_RUN_PIDS",
-	"cpus":                    "SAFE_RUN_CPUS",
-	"output-limit":            "SAFE_RUN_OUTPUT_LIMIT",
-	"max-sessions":            "SAFE_RUN_MAX_SESSIONS",
-	"session-idle":            "SAFE_RUN_SESSION_IDLE",
-	"session-max-age":         "SAFE_RUN_SESSION_MAX_AGE",
-	"cache-ttl":               "SAFE_RUN_CACHE_TTL",
-	"cache-size":              "SAFE_RUN_CACHE_SIZE",
-	"log-level":               "SAFE_RUN_LOG_LEVEL",
-	"images":                  "SAFE_RUN_IMAGES",
-}
-
-type serveFlags struct {
+// serveConfig is everything serve is told: its flags, filled in from the
+// environment and the config file, checked and resolved (gatherServe).
+// It is plain data; building the service from it (newService) is where
+// files are opened, sockets bound and sandboxes started.
+type serveConfig struct {
 	host          hostFlags
 	config        string
 	http          string
-	token         string
+	token         string // the token itself, read from tokenFile if one is named
 	tokenFile     string
 	origins       string
 	hosts         string
@@ -90,16 +62,20 @@ type serveFlags struct {
 	timeout       time.Duration
 	maxTimeout    time.Duration
 	limits        sandbox.Limits
-	sessions      engine.SessionConfig
+	sessions      sessionConfig
 	pool          poolFlags
 	cacheTTL      time.Duration
 	cacheSize     int64
 	logLevel      string
 	images        string
 	audit         auditFlags
+
+	// Resolved by gatherServe from the flags above.
+	policy  sandbox.Policy // the limits; the languages and images are the backend's
+	poolCfg poolConfig
 }
 
-func (f *serveFlags) register(fs *flag.FlagSet) {
+func (f *serveConfig) register(fs *flag.FlagSet) {
 	f.host.register(fs)
 	fs.StringVar(&f.config, "config", "", "JSON config `file`")
 	fs.StringVar(&f.http, "http", "", "serve Streamable HTTP on this `address`, e.g. 127.0.0.1:8080 (default: stdio)")
@@ -119,9 +95,9 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.limits.Processes, "pids", f.limits.Processes, "most processes and threads in a run")
 	fs.Float64Var(&f.limits.CPUs, "cpus", f.limits.CPUs, "CPU limit of a run, in cores")
 	fs.Var(sizeFlag{&f.limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each (a `size`)")
-	fs.IntVar(&f.sessions.MaxSessions, "max-sessions", 8, "most live sessions (0 disables sessions)")
-	fs.DurationVar(&f.sessions.IdleTimeout, "session-idle", 10*time.Minute, "end a session unused this long")
-	fs.DurationVar(&f.sessions.MaxLifetime, "session-max-age", time.Hour, "end a session this long after it starts")
+	fs.IntVar(&f.sessions.MaxSessions, "max-sessions", defaultSessions.MaxSessions, "most live sessions (0 disables sessions)")
+	fs.DurationVar(&f.sessions.IdleTimeout, "session-idle", defaultSessions.IdleTimeout, "end a session unused this long")
+	fs.DurationVar(&f.sessions.MaxLifetime, "session-max-age", defaultSessions.MaxLifetime, "end a session this long after it starts")
 	f.pool.register(fs)
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", 0, "reuse the result of an identical run_code call (not in sessions) for this `long`; 0 disables")
 	f.cacheSize = 64 * sandbox.MiB
@@ -132,65 +108,116 @@ func (f *serveFlags) register(fs *flag.FlagSet) {
 }
 
 func cmdServe(args []string) int {
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	var f serveFlags
-	f.register(fs)
-	env := map[string]string{}
-	for k, v := range hostEnv {
-		env[k] = v
+	f, err := gatherServe(args, os.LookupEnv)
+	var exit exitNow
+	if errors.As(err, &exit) {
+		return exit.code
 	}
-	for k, v := range serveEnv {
-		env[k] = v
+	if err != nil {
+		return fail(err)
 	}
-	for k, v := range poolEnv {
-		env[k] = v
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	svc, err := newService(ctx, f)
+	if err != nil {
+		return fail(err)
 	}
-	for k, v := range auditEnv {
-		env[k] = v
-	}
-	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); printSettings(fs, env) }
-	if code, done := parseFlags(fs, args); done {
-		return code
-	}
-	// The config file's own path comes from the flag or the environment.
-	configFile := f.config
-	if configFile == "" {
-		configFile = os.Getenv("SAFE_RUN_CONFIG")
-	}
-	if err := applySettings(fs, env, configFile); err != nil {
-		return fail(usageError("%v", err))
-	}
-	if err := serve(f); err != nil {
+	defer svc.close()
+	if err := svc.serve(ctx); err != nil {
 		return fail(err)
 	}
 	return 0
 }
 
-func serve(f serveFlags) error {
-	logger := newLoggerAt(parseLevel(f.logLevel, slog.LevelInfo))
-	policy := sandbox.Policy{
+// exitNow is an outcome already shown to the user (the help, or a flag
+// mistake named): the command ends with code.
+type exitNow struct{ code int }
+
+func (e exitNow) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// newServeFlags is serve's flag set bound to f, with the environment
+// variable of each of its flags (all of them have one).
+func newServeFlags(f *serveConfig) (*flag.FlagSet, map[string]string) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	env := registerWithEnv(fs, f.register)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), serveUsage); printSettings(fs, env) }
+	return fs, env
+}
+
+// gatherServe is serve's configuration step: the flags in args, then the
+// environment read through lookupEnv, then the config file they name, then
+// the defaults, checked and resolved into one serveConfig. It reads the
+// config and token files and changes nothing. For -h, and for a flag
+// mistake, it has printed what to say and returns exitNow.
+func gatherServe(args []string, lookupEnv func(string) (string, bool)) (serveConfig, error) {
+	var f serveConfig
+	fs, env := newServeFlags(&f)
+	if code, done := parseFlags(fs, args); done {
+		return f, exitNow{code}
+	}
+	// The config file's own path comes from the flag or the environment.
+	configFile := f.config
+	if configFile == "" {
+		configFile, _ = lookupEnv(envName("config"))
+	}
+	if err := applySettings(fs, env, lookupEnv, configFile); err != nil {
+		return f, usageError("%v", err)
+	}
+	f.policy = sandbox.Policy{
 		Default: sandbox.Limits{Timeout: f.timeout, MemoryBytes: f.limits.MemoryBytes, Processes: f.limits.Processes,
 			CPUs: f.limits.CPUs, OutputBytes: f.limits.OutputBytes},
 		Max: sandbox.Limits{Timeout: f.maxTimeout},
 	}
-	if err := policy.Validate(); err != nil {
-		return usageError("the configured limits are not valid: %v", err)
+	if err := f.policy.Validate(); err != nil {
+		return f, usageError("the configured limits are not valid: %v", err)
 	}
 	token, err := readToken(f.token, f.tokenFile)
 	if err != nil {
-		return err
+		return f, err
 	}
-	var listener net.Listener
+	f.token = token
 	if f.http != "" {
 		if err := f.httpLimits.check(); err != nil {
-			return err
+			return f, err
 		}
-		// Listen before the slow start-up, so that a mistake shows at once.
-		if listener, err = listen(f.http, token, splitList(f.hosts, ",")); err != nil {
-			return err
+	}
+	if f.poolCfg, err = f.pool.config(); err != nil {
+		return f, err
+	}
+	return f, nil
+}
+
+// service is serve built: the listener (for HTTP), the audit log, the
+// backend and the MCP server over them.
+type service struct {
+	cfg      serveConfig
+	logger   *slog.Logger
+	listener net.Listener // nil: stdio
+	auditLog *audit.Log
+	backend  backend
+	metrics  *mcp.Metrics
+	srv      *server.MCPServer
+}
+
+// newService builds the service f describes: it binds the HTTP listener
+// first, so that a mistake there shows before the slow start-up, then
+// opens the audit log, starts the backend (and its pool) and probes the
+// sandbox environment the MCP server describes. On an error, what it built
+// is closed again.
+func newService(ctx context.Context, f serveConfig) (s *service, err error) {
+	logger := newLoggerAt(parseLevel(f.logLevel, slog.LevelInfo))
+	s = &service{cfg: f, logger: logger}
+	defer func() {
+		if err != nil {
+			s.close()
+			s = nil
 		}
-		defer listener.Close()
-		listener = mcp.LimitConnections(listener, f.httpLimits.maxConnections)
+	}()
+	if f.http != "" {
+		if s.listener, err = listen(f.http, f.token, splitList(f.hosts, ",")); err != nil {
+			return s, err
+		}
+		s.listener = mcp.LimitConnections(s.listener, f.httpLimits.maxConnections)
 		if os.Getenv("GOMEMLIMIT") == "" {
 			cache := int64(0)
 			if f.cacheTTL > 0 {
@@ -202,60 +229,47 @@ func serve(f serveFlags) error {
 
 	auditLog, err := f.audit.open(logger)
 	if err != nil {
-		return err
+		return s, err
 	}
-	defer closeAuditLog(auditLog, f.audit.path, logger)
+	s.auditLog = auditLog
 
 	cfg, err := f.host.runtimeConfig()
 	if err != nil {
-		return err
+		return s, err
 	}
+	policy := f.policy
 	policy.Languages, policy.Images = cfg.Engine.Policy.Languages, splitList(f.images, ",")
 	for _, ref := range policy.Images {
 		if _, err := f.host.store().Lookup(ref); err != nil {
-			return fmt.Errorf("--images: %w", err)
+			return s, fmt.Errorf("--images: %w", err)
 		}
 	}
-	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions = policy, logger, f.sessions
-	cfg.Backend.Logger = logger
+	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions, cfg.Engine.Pool = policy, logger, f.sessions, f.poolCfg
+	cfg.Backend.Logger, cfg.Backend.CheckpointDir = logger, f.pool.checkpointDir(f.host.cacheDir)
 	recorder := newRecorder(auditLog, logger)
 	if recorder != nil {
 		// Sessions also end without a call: idle, too old, or at exit.
 		cfg.Engine.Sessions.OnEnd = recorder.SessionEnded
 	}
-	if cfg.Engine.Pool, err = f.pool.config(); err != nil {
-		return err
-	}
-	cfg.Backend.CheckpointDir = f.pool.checkpointDir(f.host.cacheDir)
-	// Metrics exist only over HTTP. They are made before the runtime, whose
-	// pool starts sandboxes at once; the gauges read rt only when scraped.
-	var rt service
+	// Metrics exist only over HTTP. They are made before the backend, whose
+	// pool starts sandboxes at once; the gauges read it only when scraped.
 	var metrics *mcp.Metrics
 	gate := sandbox.NewGate(f.maxConcurrent, f.maxQueue)
-	if listener != nil {
+	if s.listener != nil {
 		metrics = mcp.NewMetrics(mcp.Gauges{
-			LiveSandboxes: func() int { return rt.LiveSandboxes() },
-			Sessions:      func() int { return len(rt.ListSessions()) },
+			LiveSandboxes: func() int { return s.backend.LiveSandboxes() },
+			Sessions:      func() int { return len(s.backend.ListSessions()) },
 			Gate:          gate,
-			PoolSizes:     func() map[string]int { return rt.PoolSizes() }, // none without --pool
+			PoolSizes:     func() map[string]int { return s.backend.PoolSizes() }, // none without --pool
 		})
 		cfg.Engine.ObserveStart = metrics.ObserveSandboxStart
 	}
-	if rt, err = newStack(cfg); err != nil {
-		return err
+	s.metrics = metrics
+	rt, err := newBackend(cfg)
+	if err != nil {
+		return s, err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	defer func() {
-		// Cancelled runs clean up after themselves; the pool and sessions
-		// are closed.
-		rt.Close()
-		drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if err := rt.Wait(drain); err != nil {
-			logger.Error("runs still cleaning up at exit", "err", err)
-		}
-	}()
+	s.backend = rt
 
 	probeStart := time.Now()
 	env := mcp.ProbeEnvironment(ctx, rt)
@@ -277,27 +291,58 @@ func serve(f serveFlags) error {
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
 		Metrics: metrics,
 	}
-	srv := mcp.NewServer(mcpCfg)
+	s.srv = mcp.NewServer(mcpCfg)
+	return s, nil
+}
 
-	if listener == nil {
-		logger.Info("serving MCP over stdio")
-		stdio := server.NewStdioServer(srv)
-		stdio.SetErrorLogger(log.New(os.Stderr, "safe-run: ", 0))
-		// Enough workers that no call waits inside the library, where a
-		// cancellation would be lost; the gate does the queueing.
-		server.WithWorkerPoolSize(min(100, f.maxConcurrent+f.maxQueue+4))(stdio)
-		if err := stdio.Listen(ctx, os.Stdin, os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
-			return fmt.Errorf("serve stdio: %w", err)
+// close ends the backend — cancelled runs clean up after themselves; the
+// pool and the sessions are closed, their ends recorded — and then closes
+// the audit log and the listener.
+func (s *service) close() {
+	if s.backend != nil {
+		s.backend.Close()
+		drain, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := s.backend.Wait(drain); err != nil {
+			s.logger.Error("runs still cleaning up at exit", "err", err)
 		}
-		return nil
 	}
+	closeAuditLog(s.auditLog, s.cfg.audit.path, s.logger)
+	if s.listener != nil {
+		s.listener.Close()
+	}
+}
 
-	handler := mcp.HTTPHandler(srv, mcp.HTTPConfig{
-		Token:          token,
+// serve serves MCP over stdio, or over HTTP when there is a listener,
+// until ctx ends or the client goes.
+func (s *service) serve(ctx context.Context) error {
+	if s.listener == nil {
+		return s.serveStdio(ctx)
+	}
+	return s.serveHTTP(ctx)
+}
+
+func (s *service) serveStdio(ctx context.Context) error {
+	s.logger.Info("serving MCP over stdio")
+	stdio := server.NewStdioServer(s.srv)
+	stdio.SetErrorLogger(log.New(os.Stderr, "safe-run: ", 0))
+	// Enough workers that no call waits inside the library, where a
+	// cancellation would be lost; the gate does the queueing.
+	server.WithWorkerPoolSize(min(100, s.cfg.maxConcurrent+s.cfg.maxQueue+4))(stdio)
+	if err := stdio.Listen(ctx, os.Stdin, os.Stdout); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("serve stdio: %w", err)
+	}
+	return nil
+}
+
+func (s *service) serveHTTP(ctx context.Context) error {
+	f := s.cfg
+	handler := mcp.HTTPHandler(s.srv, mcp.HTTPConfig{
+		Token:          f.token,
 		AllowedOrigins: splitList(f.origins, ","),
 		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
-		Metrics:        metrics.Handler(),
+		Metrics:        s.metrics.Handler(),
 		BodyTimeout:    f.httpLimits.readTimeout, WriteTimeout: f.httpLimits.writeTimeout,
 		MaxResponseBytes: f.httpLimits.maxResponse, MaxInFlightBytes: f.httpLimits.maxInFlight,
 	})
@@ -305,9 +350,9 @@ func serve(f serveFlags) error {
 	// SSE streams; the handler sets per-body and per-write deadlines.
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: f.httpLimits.idleTimeout,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
-	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", listener.Addr(), mcp.HTTPPath)
+	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", s.listener.Addr(), mcp.HTTPPath)
 	errc := make(chan error, 1)
-	go func() { errc <- httpSrv.Serve(listener) }()
+	go func() { errc <- httpSrv.Serve(s.listener) }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serve http: %w", err)

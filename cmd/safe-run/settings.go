@@ -10,18 +10,54 @@ import (
 	"strings"
 )
 
+// envName is the environment variable of the setting flag names:
+// SAFE_RUN_ and the name in upper case, with _ for -, as SAFE_RUN_MAX_QUEUE
+// for --max-queue; or the exception envExceptions keeps.
+func envName(flag string) string {
+	if name, ok := envExceptions[flag]; ok {
+		return name
+	}
+	return "SAFE_RUN_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// flagOrEnv names a setting both ways, for messages: "--runsc or SAFE_RUN_RUNSC".
+func flagOrEnv(flag string) string { return "--" + flag + " or " + envName(flag) }
+
+// envExceptions are the environment variables named before the rule of
+// envName, kept as they are documented: SAFE_RUN_CACHE is --cache-dir's.
+var envExceptions = map[string]string{"cache-dir": "SAFE_RUN_CACHE"}
+
+// registerWithEnv registers flags on fs with each of register, and returns
+// the environment variable of each flag they added: those settings can
+// also come from the environment (applySettings, printSettings).
+func registerWithEnv(fs *flag.FlagSet, register ...func(*flag.FlagSet)) map[string]string {
+	had := map[string]bool{}
+	fs.VisitAll(func(f *flag.Flag) { had[f.Name] = true })
+	for _, r := range register {
+		r(fs)
+	}
+	env := map[string]string{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if !had[f.Name] {
+			env[f.Name] = envName(f.Name)
+		}
+	})
+	return env
+}
+
 // Settings come from, in order of precedence: command-line flags,
-// environment variables, the config file (JSON with the flag names as
-// keys), and the flags' built-in defaults. applySettings fills in every
-// flag not given on the command line from the lower layers.
-func applySettings(fs *flag.FlagSet, env map[string]string, configFile string) error {
+// environment variables (env names them, lookupEnv reads them), the config
+// file (JSON with the flag names as keys), and the flags' built-in
+// defaults. applySettings fills in every flag not given on the command line
+// from the lower layers.
+func applySettings(fs *flag.FlagSet, env map[string]string, lookupEnv func(string) (string, bool), configFile string) error {
 	given := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
 	for _, name := range sortedKeys(env) {
 		if given[name] {
 			continue
 		}
-		if v, ok := os.LookupEnv(env[name]); ok && v != "" {
+		if v, ok := lookupEnv(env[name]); ok && v != "" {
 			if err := fs.Set(name, v); err != nil {
 				return fmt.Errorf("%s=%q: %v", env[name], v, err)
 			}

@@ -16,33 +16,33 @@ func TestConfigFileTypes(t *testing.T) {
 	for _, tc := range []struct {
 		config string
 		want   string // substring of the error; "" means accepted
-		check  func(f *serveFlags) bool
+		check  func(f *serveConfig) bool
 	}{
-		{`{"token": "s3cret"}`, "", func(f *serveFlags) bool { return f.token == "s3cret" }},
+		{`{"token": "s3cret"}`, "", func(f *serveConfig) bool { return f.token == "s3cret" }},
 		{`{"token": true}`, `"token" must be a string, not true`, nil},
 		{`{"token": 123}`, `"token" must be a string, not 123`, nil},
 		{`{"token": {"a": 1}}`, `"token" must be a string`, nil},
 		{`{"token": null}`, `"token" is null`, nil},
-		{`{"http": ["127.0.0.1:1"]}`, "", func(f *serveFlags) bool { return f.http == "127.0.0.1:1" }},
-		{`{"allowed-origins": ["https://a.example", "https://b.example"]}`, "", func(f *serveFlags) bool { return f.origins == "https://a.example,https://b.example" }},
+		{`{"http": ["127.0.0.1:1"]}`, "", func(f *serveConfig) bool { return f.http == "127.0.0.1:1" }},
+		{`{"allowed-origins": ["https://a.example", "https://b.example"]}`, "", func(f *serveConfig) bool { return f.origins == "https://a.example,https://b.example" }},
 		{`{"allowed-origins": [1]}`, `must list strings, not 1`, nil},
-		{`{"max-concurrent": 4}`, "", func(f *serveFlags) bool { return f.maxConcurrent == 4 }},
-		{`{"max-concurrent": "4"}`, "", func(f *serveFlags) bool { return f.maxConcurrent == 4 }},
+		{`{"max-concurrent": 4}`, "", func(f *serveConfig) bool { return f.maxConcurrent == 4 }},
+		{`{"max-concurrent": "4"}`, "", func(f *serveConfig) bool { return f.maxConcurrent == 4 }},
 		{`{"max-concurrent": true}`, `"max-concurrent" must be a number or a string, not true`, nil},
 		{`{"max-concurrent": [4]}`, `"max-concurrent" must be a number or a string`, nil},
-		{`{"memory": "1GiB"}`, "", func(f *serveFlags) bool { return f.limits.MemoryBytes == 1<<30 }},
+		{`{"memory": "1GiB"}`, "", func(f *serveConfig) bool { return f.limits.MemoryBytes == 1<<30 }},
 		{`{"memory": false}`, `"memory" must be a number or a string`, nil},
-		{`{"timeout": "45s"}`, "", func(f *serveFlags) bool { return f.timeout.String() == "45s" }},
-		{`{"audit-code": true}`, "", func(f *serveFlags) bool { return f.audit.code }},
+		{`{"timeout": "45s"}`, "", func(f *serveConfig) bool { return f.timeout.String() == "45s" }},
+		{`{"audit-code": true}`, "", func(f *serveConfig) bool { return f.audit.code }},
 		{`{"audit-code": "yes"}`, `"audit-code" must be true or false, not "yes"`, nil},
 		{`{"audit-code": 1}`, `"audit-code" must be true or false`, nil},
-		{`{"cache-dir": "rel/cache"}`, "", func(f *serveFlags) bool {
+		{`{"cache-dir": "rel/cache"}`, "", func(f *serveConfig) bool {
 			return filepath.IsAbs(f.host.cacheDir) && strings.HasSuffix(f.host.cacheDir, "/rel/cache")
 		}},
 		{`{"cache-dir": 7}`, `"cache-dir" must be a string`, nil},
 	} {
 		t.Run(tc.config, func(t *testing.T) {
-			f, _, err := serveConfig(t, tc.config)
+			f, _, err := applyConfigFile(t, tc.config)
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("applySettings = %v, want an error with %q", err, tc.want)
@@ -56,21 +56,20 @@ func TestConfigFileTypes(t *testing.T) {
 	}
 }
 
-// serveConfig applies a config file with body to serve's flags, as
+// applyConfigFile applies a config file with body to serve's flags, as
 // `safe-run serve --config FILE` with no other settings would.
-func serveConfig(t *testing.T, body string) (*serveFlags, *flag.FlagSet, error) {
+func applyConfigFile(t *testing.T, body string) (*serveConfig, *flag.FlagSet, error) {
 	t.Helper()
 	config := filepath.Join(t.TempDir(), "config.json")
 	if err := os.WriteFile(config, []byte(body), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	f := new(serveFlags)
-	f.register(fs)
+	f := new(serveConfig)
+	fs, _ := newServeFlags(f)
 	if err := fs.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	return f, fs, applySettings(fs, nil, config)
+	return f, fs, applySettings(fs, nil, os.LookupEnv, config)
 }
 
 // TestRelativePathFlags checks that relative directories on the command

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"time"
-
-	"github.com/safe-run/safe-run/runtime/gvisor"
 )
 
 // version is set at build time by the Makefile (-X main.version=...).
@@ -21,7 +19,7 @@ func cmdVersion(args []string) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	v, err := gvisor.RunscVersion(ctx, path)
+	v, err := runscVersion(ctx, path)
 	if err != nil {
 		v = err.Error()
 	}

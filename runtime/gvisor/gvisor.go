@@ -49,7 +49,7 @@ type Config struct {
 	// StateDir holds one directory per live run; empty means
 	// DefaultStateDir(). It must be on a local file system.
 	StateDir string
-	// Platform is runsc's platform; empty means "systrap".
+	// Platform is runsc's platform; empty means DefaultPlatform.
 	Platform string
 	// Shim is the executable that runs ShimMain, used to start runsc inside
 	// the run's cgroup; empty means this executable.
@@ -64,6 +64,10 @@ type Config struct {
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
 }
+
+// DefaultPlatform is the runsc platform sandboxes run on unless configured:
+// systrap works everywhere, KVM only where /dev/kvm does.
+const DefaultPlatform = "systrap"
 
 // Image is what a sandbox needs of an image.
 type Image struct {
@@ -136,7 +140,7 @@ var (
 // (errors.Is with ErrRunsc, ErrAgent, ErrRootfs).
 func New(cfg Config) (*Backend, error) {
 	if cfg.Platform == "" {
-		cfg.Platform = "systrap"
+		cfg.Platform = DefaultPlatform
 	}
 	if cfg.StateDir == "" {
 		cfg.StateDir = DefaultStateDir()
