@@ -2,7 +2,7 @@
 // process, and the protocol the host uses to talk to it.
 //
 // It has a home of its own because both sides of the sandbox boundary use
-// it: cmd/safe-run-agent runs Serve inside gVisor, and the runtime package
+// it: cmd/safe-run-agent runs Serve inside gVisor, and package engine
 // speaks the protocol from the host. Keeping it apart lets the agent binary
 // stay small and static, linking nothing of the host side.
 //

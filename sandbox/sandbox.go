@@ -1,11 +1,12 @@
-// Package sandbox defines what a run is (Job), what it produces (Result) and
-// the Runner interface every backend implements.
+// Package sandbox defines what a run is (Job), what it produces (Result),
+// the Runner and Sessions interfaces the engine implements, and the error
+// classes every layer speaks.
 //
-// It has a home of its own so that the CLI and the MCP layer speak this
-// vocabulary rather than a backend's: the gVisor runtime implements Runner
-// today, and a Kubernetes backend can implement it later without touching
-// either caller. It holds data and validation only; nothing here starts a
-// process.
+// It has a home of its own so that the CLI, the MCP layer, the audit
+// decorator and the engine speak this vocabulary rather than one another's:
+// the engine (runtime/engine) implements Runner over any backend, and the
+// callers never learn which. It holds data and validation only; nothing
+// here starts a process.
 package sandbox
 
 import (

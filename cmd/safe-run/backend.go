@@ -100,6 +100,8 @@ var backendHints = []struct {
 	{gvisor.ErrRootfs, "build the default image with `make rootfs`"},
 	{gvisor.ErrPrivileges, "start safe-run as the command (it enters a user namespace of its own for ordinary users)"},
 	{gvisor.ErrStateDirFull, "free space there or choose another with --state-dir or " + envName("state-dir")},
+	{gvisor.ErrStateDir, "remove it or make it and its parents private to you, or choose another with --state-dir or " + envName("state-dir")},
+	{gvisor.ErrMemoryUnwatched, "run safe-run as root or in a delegated cgroup (see docs/rootless.md)"},
 }
 
 // hint returns the fix for err, or "".

@@ -91,7 +91,7 @@ func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 	for _, name := range slices.Sorted(maps.Keys(cfg.Size)) {
 		size := cfg.Size[name]
 		if size < 0 {
-			return nil, fmt.Errorf("pool size for %s is %d; use 0 to disable its pool", name, size)
+			return nil, &sandbox.InputError{Field: "pool", Msg: fmt.Sprintf("the size for %s is %d, below 0", name, size)}
 		}
 		if size == 0 {
 			continue

@@ -224,7 +224,7 @@ func (g *Backend) removeCgroup(id string, c *runCgroup) {
 				return
 			}
 		}
-		g.log.Error("remove cgroup", "id", id, "err", err)
+		g.log.Error("remove cgroup", "sandbox", id, "err", err)
 	}()
 }
 
@@ -236,6 +236,10 @@ var (
 	ErrAgent      = errors.New("safe-run-agent")
 	ErrRootfs     = errors.New("the default image")
 	ErrPrivileges = errors.New("privileges")
+	ErrStateDir   = errors.New("the state directory")
+	// ErrMemoryUnwatched marks a sandbox refused because, without a
+	// cgroup, its memory limit cannot be enforced.
+	ErrMemoryUnwatched = errors.New("the memory watch")
 )
 
 // ErrStateDirFull marks a sandbox that could not start because the state

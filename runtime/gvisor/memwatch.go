@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -79,7 +78,7 @@ func (w *memoryWatch) locate() (sentry int, err error) {
 		w.sentry = findSentry(w.runsc)
 	}
 	if w.sentry == 0 {
-		return 0, fmt.Errorf("gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup; run safe-run as root or in a delegated cgroup", gvisorMemoryFile)
+		return 0, partError(ErrMemoryUnwatched, "gVisor's memory file (%s) is not among the sandbox's open files, so its memory limit cannot be enforced without a cgroup", gvisorMemoryFile)
 	}
 	return w.sentry, nil
 }
@@ -102,7 +101,7 @@ func (w *memoryWatch) run(p *sandboxProc) {
 		sentry, err := w.locate()
 		if err != nil {
 			if time.Now().After(giveUp) {
-				p.g.log.Error("kill sandbox", "id", p.id, "err", err)
+				p.log.Error("kill sandbox: its memory cannot be watched", "err", err)
 				p.Kill()
 				return
 			}

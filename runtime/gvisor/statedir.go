@@ -27,13 +27,13 @@ const stateParentProblemEnv = "SAFE_RUN_STATE_PARENT_PROBLEM"
 // so they are checked too.
 func ensurePrivateDir(dir string) error {
 	if problem := os.Getenv(stateParentProblemEnv); problem != "" && dir == DefaultStateDir() {
-		return errors.New(problem)
+		return partError(ErrStateDir, "%s", problem)
 	}
 	if err := checkStateParents(dir); err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create state directory: %w; choose another with --state-dir", err)
+		return partError(ErrStateDir, "create state directory %s: %v", dir, err)
 	}
 	fi, err := checkStateDirOwner(dir)
 	if err != nil {
@@ -57,9 +57,9 @@ func checkStateDirOwner(dir string) (fs.FileInfo, error) {
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	switch {
 	case !fi.IsDir():
-		return nil, fmt.Errorf("state directory %s is a symbolic link or not a directory; remove it, or choose another with --state-dir", dir)
+		return nil, partError(ErrStateDir, "state directory %s is a symbolic link or not a directory", dir)
 	case st == nil || int(st.Uid) != os.Geteuid():
-		return nil, fmt.Errorf("state directory %s belongs to %s, not to this user (uid %d); remove it, or choose another with --state-dir", dir, describeOwner(st), HostUID())
+		return nil, partError(ErrStateDir, "state directory %s belongs to %s, not to this user (uid %d)", dir, describeOwner(st), HostUID())
 	}
 	return fi, nil
 }
@@ -83,9 +83,9 @@ func checkStateParents(dir string) error {
 		st, _ := fi.Sys().(*syscall.Stat_t)
 		switch {
 		case st == nil || !trustedOwner(int(st.Uid)):
-			return fmt.Errorf("state directory %s is inside %s, which belongs to %s: that user could replace it; choose another with --state-dir", dir, d, describeOwner(st))
+			return partError(ErrStateDir, "state directory %s is inside %s, which belongs to %s: that user could replace it", dir, d, describeOwner(st))
 		case fi.Mode().Perm()&0o022 != 0 && fi.Mode()&fs.ModeSticky == 0:
-			return fmt.Errorf("state directory %s is inside %s, which others may write to (mode %04o, not sticky): they could replace it; make it private (chmod go-w %s) or choose another with --state-dir", dir, d, fi.Mode().Perm(), d)
+			return partError(ErrStateDir, "state directory %s is inside %s, which others may write to (mode %04o, not sticky): they could replace it", dir, d, fi.Mode().Perm())
 		}
 		if d == "/" {
 			return nil

@@ -1,10 +1,13 @@
 package gvisor
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // TestEnsurePrivateDir checks that a state directory someone else could
@@ -114,8 +117,8 @@ func TestStateDirParents(t *testing.T) {
 				}
 				return
 			}
-			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "--state-dir") {
-				t.Fatalf("ensurePrivateDir(%s) = %v, want an error about %q that names --state-dir", tc.dir, err, tc.want)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrStateDir) || sandbox.Class(err) != sandbox.ErrUnavailable {
+				t.Fatalf("ensurePrivateDir(%s) = %v, want an error about %q of part ErrStateDir, class unavailable", tc.dir, err, tc.want)
 			}
 			if _, err := os.Lstat(tc.dir); err == nil {
 				t.Errorf("%s was created although refused", tc.dir)
