@@ -33,6 +33,8 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	case pooled:
 		res.SandboxID = b.id()
 		res = e.runOnce(ctx, b, job, lang, res)
+		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
+			"pooled", true, slog.Group("ms_since_start", b.phases...))
 		// The result is complete: the caller need not wait for the
 		// sandbox's removal, which Wait still accounts for.
 		go func() {
@@ -41,8 +43,6 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 			}
 			e.pool.released()
 		}()
-		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
-			"pooled", true, slog.Group("ms_since_start", b.phases...))
 	default:
 		res.SandboxID = b.id()
 		res = e.runOnce(ctx, b, job, lang, res)
