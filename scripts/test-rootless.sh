@@ -8,7 +8,7 @@
 # Root builds the test binaries and installs safe-run, the agent and runsc with
 # `make install` into a directory the user can read; the user then runs them
 # against the default image root built, used read-only (SAFE_RUN_CACHE). Every
-# test of both binaries runs: the runtime tests (sandboxes, limits, isolation
+# test of both binaries runs: the gVisor backend's tests (sandboxes, limits, isolation
 # probes, sessions), the end-to-end tests of the binary (CLI and MCP over stdio
 # and HTTP), and the threat suite — every threat case through both paths with
 # its host checks and positive controls (run as the user, and for runsc as
@@ -40,7 +40,7 @@ work=$(mktemp -d /tmp/safe-run-rootless.XXXXXX)
 trap "rm -rf '$work'" EXIT
 chmod 755 "$work"
 make --no-print-directory install PREFIX="$work" >/dev/null
-for pkg in runtime cmd/safe-run; do
+for pkg in runtime/gvisor cmd/safe-run; do
 	"$GO" test -c -o "$work/$(basename "$pkg").test" "./$pkg"
 done
 mkdir -p "$work/home" "$work/run"
@@ -58,7 +58,7 @@ as_user() {
 echo "== as uid $USER_ID: safe-run doctor"
 (cd "$work/home" && as_user "$work/bin/safe-run" doctor)
 status=0
-for t in runtime safe-run; do
+for t in gvisor safe-run; do
 	echo "== as uid $USER_ID: $t tests"
 	(cd "$work/home" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
 		"$@") || status=1
