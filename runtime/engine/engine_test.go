@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -327,4 +330,54 @@ func jsonOfFiles(t *testing.T, files []sandbox.OutputFile) string {
 		out = append(out, file{f, string(f.Data)})
 	}
 	return jsonOf(t, out)
+}
+
+// TestRunCancelledBeforeReady: a run cancelled while its sandbox starts is
+// killed, and its sandbox destroyed.
+func TestRunCancelledBeforeReady(t *testing.T) {
+	started := make(chan struct{})
+	b := &fakeBackend{agent: func(a *fakeAgent) { close(started); a.hang() }}
+	e := newEngine(t, b, engine.Config{})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-started; cancel() }()
+	res, err := e.Run(ctx, sandbox.Job{Language: "python", Code: "x"})
+	if err != nil || res.Status != sandbox.StatusKilled || !strings.Contains(res.Message, "cancelled") {
+		t.Errorf("Run: %v, %s: %s", err, res.Status, res.Message)
+	}
+	if n := e.LiveSandboxes(); n != 0 {
+		t.Errorf("%d sandboxes live after the run", n)
+	}
+}
+
+// TestRunObservesStart: ObserveStart hears of each sandbox that came up.
+func TestRunObservesStart(t *testing.T) {
+	var n atomic.Int32
+	e := newEngine(t, newFake(printCode), engine.Config{ObserveStart: func(time.Duration) { n.Add(1) }})
+	for range 3 {
+		if _, err := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := n.Load(); got != 3 {
+		t.Errorf("ObserveStart heard %d starts of 3", got)
+	}
+}
+
+// TestRunsInParallel runs many jobs at once, pooled and cold, so that the
+// race detector sees the engine's shared state under load.
+func TestRunsInParallel(t *testing.T) {
+	b := newFakeCheckpointer(printCode)
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 2, "node": 1}}})
+	var wg sync.WaitGroup
+	for i := range 16 {
+		wg.Go(func() {
+			lang := []string{"python", "node", "bash"}[i%3]
+			code := fmt.Sprintf("job %d", i)
+			res, err := e.Run(context.Background(), sandbox.Job{Language: lang, Code: code})
+			if err != nil || res.Status != sandbox.StatusOK || res.Stdout != code {
+				t.Errorf("job %d: %v, %s %q: %s", i, err, res.Status, res.Stdout, res.Message)
+			}
+		})
+	}
+	wg.Wait()
 }

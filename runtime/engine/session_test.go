@@ -464,3 +464,93 @@ func TestCloseSessionDuringCall(t *testing.T) {
 		t.Errorf("the call in progress ended %s: %s", res.Status, res.Message)
 	}
 }
+
+// TestSessionDeathIsExplained: when a session's sandbox dies, the message
+// says how it ended (the backend's exit report), never "<nil>".
+func TestSessionDeathIsExplained(t *testing.T) {
+	e := newEngine(t, newFake(interpreter), engine.Config{})
+	ctx := context.Background()
+	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := cell(t, e, ctx, info.ID, "die")
+	if strings.Contains(res.Message, "<nil>") || !strings.Contains(res.Message, "fake agent exited") {
+		t.Errorf("a cell whose sandbox died: %q", res.Message)
+	}
+	_, err = e.ReadFile(ctx, info.ID, "crash")
+	if err == nil || strings.Contains(err.Error(), "<nil>") || !strings.Contains(err.Error(), "fake agent exited") {
+		t.Errorf("a file operation whose sandbox died: %v", err)
+	}
+}
+
+// TestSessionCallsInTurn: concurrent calls to one session run one at a
+// time, each seeing the state the one before left.
+func TestSessionCallsInTurn(t *testing.T) {
+	e := newEngine(t, newFake(interpreter), engine.Config{})
+	ctx := context.Background()
+	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 5 {
+				res, err := e.RunInSession(ctx, info.ID, sandbox.Job{Code: "n+=1"})
+				mu.Lock()
+				if err != nil || seen[res.Stdout] {
+					t.Errorf("call: %v, output %q (seen before: %v)", err, res.Stdout, seen[res.Stdout])
+				}
+				seen[res.Stdout] = true
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	for i := 1; i <= 20; i++ {
+		if !seen[fmt.Sprint(i)] {
+			t.Errorf("no call printed %d: %v", i, seen)
+		}
+	}
+}
+
+// TestSessionCreateCancelled: a session whose start is cancelled, by its
+// caller or by closing it, leaves nothing behind.
+func TestSessionCreateCancelled(t *testing.T) {
+	for _, how := range []string{"context", "close"} {
+		t.Run(how, func(t *testing.T) {
+			started := make(chan struct{})
+			b := &fakeBackend{agent: func(a *fakeAgent) { close(started); a.hang() }} // never ready
+			e := newEngine(t, b, engine.Config{})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			go func() {
+				<-started
+				if how == "context" {
+					cancel()
+					return
+				}
+				list := e.ListSessions()
+				if len(list) != 1 {
+					t.Errorf("a booting session is not listed: %+v", list)
+					cancel()
+					return
+				}
+				if err := e.CloseSession(ctx, list[0].ID); err != nil {
+					t.Errorf("CloseSession of a booting session: %v", err)
+				}
+			}()
+			_, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
+			want := map[string]error{"context": context.Canceled, "close": sandbox.ErrNotFound}[how]
+			if sandbox.Class(err) != want {
+				t.Errorf("CreateSession: %v (class %v), want class %v", err, sandbox.Class(err), want)
+			}
+			if n := e.LiveSandboxes(); n != 0 || len(e.ListSessions()) != 0 {
+				t.Errorf("after a cancelled start: %d sandboxes live, sessions %+v", n, e.ListSessions())
+			}
+		})
+	}
+}
