@@ -381,3 +381,61 @@ func TestRunsInParallel(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestRunCleanupFailure: a run whose sandbox could not be removed keeps its
+// result, and says so; a failed run keeps its own message.
+func TestRunCleanupFailure(t *testing.T) {
+	b := newFake(replies(func(a *fakeAgent, req agent.Request) []agent.Event {
+		if string(req.Files[0].Data) == "fail" {
+			return exit(agent.Exit{Code: -1, Signal: "SIGSEGV"})
+		}
+		return exit(agent.Exit{Code: 2})
+	}))
+	b.destroyErr = errors.New("cgroup busy")
+	e := newEngine(t, b, engine.Config{})
+	res, err := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"})
+	if err != nil || res.Status != sandbox.StatusError || res.ExitCode != 2 ||
+		res.Message != "the run finished, but cleaning up its sandbox failed: cgroup busy" {
+		t.Errorf("Run: %v, %s %d: %q", err, res.Status, res.ExitCode, res.Message)
+	}
+	res, _ = e.Run(context.Background(), sandbox.Job{Language: "python", Code: "fail"})
+	if res.Status != sandbox.StatusKilled || res.Message != "the program was killed by SIGSEGV" {
+		t.Errorf("a killed run whose cleanup failed: %s: %q", res.Status, res.Message)
+	}
+}
+
+// TestPoolCloseDuringBackoff: while the pool's refills fail, runs start
+// cold (and report the failure), and closing the engine does not hang on
+// the filler waiting to retry.
+func TestPoolCloseDuringBackoff(t *testing.T) {
+	b := newFake(printCode)
+	b.setStartErr(errors.New("runsc is broken"))
+	var tries atomic.Int32
+	e := newEngine(t, &countingBackend{b, &tries}, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}}})
+	eventually(t, "the filler tries to start a sandbox", func() bool { return tries.Load() > 0 })
+	res, err := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"})
+	if err != nil || res.Status != sandbox.StatusSandboxError || !strings.Contains(res.Message, "runsc is broken") {
+		t.Errorf("Run while the backend is broken: %v, %s: %s", err, res.Status, res.Message)
+	}
+	if got := e.PoolSizes(); got["python"] != 0 {
+		t.Errorf("PoolSizes = %v", got)
+	}
+	closed := make(chan struct{})
+	go func() { e.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second): // the backoff is 1 s; this bound only catches a hang
+		t.Fatalf("Close did not return while the pool waited to retry")
+	}
+}
+
+// countingBackend counts the starts of a fakeBackend.
+type countingBackend struct {
+	*fakeBackend
+	starts *atomic.Int32
+}
+
+func (c *countingBackend) Start(spec engine.StartSpec) (engine.Sandbox, error) {
+	c.starts.Add(1)
+	return c.fakeBackend.Start(spec)
+}

@@ -27,7 +27,9 @@ type fakeBackend struct {
 	agent    func(a *fakeAgent) // what every new sandbox's agent does
 	startErr error              // if set, Start fails with it
 	readyErr error              // if set, Sandbox.Ready fails with it
-	boxes    []*fakeSandbox
+	// destroyErr, if set, is what Destroy reports it could not remove.
+	destroyErr error
+	boxes      []*fakeSandbox
 
 	live sync.WaitGroup
 	n    atomic.Int64 // started and not yet destroyed
@@ -198,7 +200,7 @@ func (s *fakeSandbox) Destroy() error {
 		s.b.n.Add(-1)
 		s.b.live.Done()
 	})
-	return nil
+	return s.b.destroyErr
 }
 
 func (s *fakeSandbox) MarkPooled(language string) {
