@@ -45,16 +45,30 @@ var interpreter handler = func(a *fakeAgent, req agent.Request) []agent.Event {
 			return exit(agent.Exit{Code: -1, Signal: "SIGKILL", TimedOut: true, StateLost: true})
 		case "fail":
 			return exit(agent.Exit{Code: 1})
+		case "flood":
+			for a.send(stdout(strings.Repeat("x", 64<<10))) {
+			}
+			return nil
 		}
 		return exit(agent.Exit{Error: "unknown cell " + req.Code})
 	case agent.OpWrite:
+		for _, f := range req.Files {
+			if f.Path == "full" {
+				return exit(agent.Exit{Error: "no space left on the workspace"})
+			}
+		}
 		for _, f := range req.Files {
 			a.files[f.Path] = f.Data
 		}
 		return exit(agent.Exit{})
 	case agent.OpRead:
-		if req.Path == "crash" {
+		switch req.Path {
+		case "crash":
 			return nil
+		case "other":
+			return exit(agent.Exit{Files: []agent.OutputFile{{Path: "secret", Data: []byte("x")}}})
+		case "huge":
+			return exit(agent.Exit{Files: []agent.OutputFile{{Path: "huge", Data: make([]byte, req.MaxBytes+1)}}})
 		}
 		data, ok := a.files[req.Path]
 		if !ok {
@@ -125,6 +139,8 @@ func TestSession(t *testing.T) {
 		{code: "n+=1", status: sandbox.StatusOK, stdout: "1", fresh: true},
 		{code: "n+=1", status: sandbox.StatusOK, stdout: "2"},
 		{code: "oom", status: sandbox.StatusOOM, stateLost: true, message: "memory limit"},
+		{code: "n+=1", status: sandbox.StatusOK, stdout: "1", fresh: true},
+		{code: "flood", status: sandbox.StatusSandboxError, stateLost: true, message: "more event data than the request allows"},
 		{code: "n+=1", status: sandbox.StatusOK, stdout: "1", fresh: true},
 	}
 	sandboxID := first.id
@@ -552,5 +568,29 @@ func TestSessionCreateCancelled(t *testing.T) {
 				t.Errorf("after a cancelled start: %d sandboxes live, sessions %+v", n, e.ListSessions())
 			}
 		})
+	}
+}
+
+// TestSessionFileAnswersChecked: the engine does not take the agent's word
+// for a file read it did not ask for, and passes on a refused write as the
+// caller's problem.
+func TestSessionFileAnswersChecked(t *testing.T) {
+	e := newEngine(t, newFake(interpreter), engine.Config{Policy: sandbox.Policy{OutputFiles: sandbox.OutputFileLimits{MaxFileBytes: 100}}})
+	ctx := context.Background()
+	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"other", "huge"} {
+		if f, err := e.ReadFile(ctx, info.ID, name); err == nil || !strings.Contains(err.Error(), "something else") {
+			t.Errorf("ReadFile(%q) = %+v, %v", name, f, err)
+		}
+	}
+	err = e.WriteFiles(ctx, info.ID, []sandbox.File{{Path: "full", Data: []byte("x")}})
+	if sandbox.Class(err) != sandbox.ErrInvalid || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("a refused write: %v (class %v)", err, sandbox.Class(err))
+	}
+	if err := e.WriteFiles(ctx, info.ID, []sandbox.File{{Path: "/abs", Data: []byte("x")}}); sandbox.Class(err) != sandbox.ErrInvalid {
+		t.Errorf("a write outside the workspace: %v", err)
 	}
 }
