@@ -86,6 +86,16 @@ var interpreter handler = func(a *fakeAgent, req agent.Request) []agent.Event {
 	return exit(agent.Exit{Error: "unknown op " + req.Op})
 }
 
+// hangSignalled is interpreter, closing got when a cell hangs.
+func hangSignalled(got chan struct{}) handler {
+	return func(a *fakeAgent, req agent.Request) []agent.Event {
+		if req.Code == "hang" {
+			close(got)
+		}
+		return interpreter(a, req)
+	}
+}
+
 // cell runs code in session id and fails the test on an error.
 func cell(t *testing.T, e *engine.Engine, ctx context.Context, id, code string) sandbox.Result {
 	t.Helper()
@@ -251,12 +261,7 @@ func TestSessionHostDeadline(t *testing.T) {
 // with a new one.
 func TestSessionCancel(t *testing.T) {
 	got := make(chan struct{})
-	b := newFake(func(a *fakeAgent, req agent.Request) []agent.Event {
-		if req.Code == "hang" {
-			close(got)
-		}
-		return interpreter(a, req)
-	})
+	b := newFake(hangSignalled(got))
 	e := newEngine(t, b, engine.Config{})
 	info, err := e.CreateSession(context.Background(), sandbox.SessionSpec{Language: "node"})
 	if err != nil {
@@ -452,12 +457,7 @@ func TestSessionErrors(t *testing.T) {
 // ends the call and the sandbox at once.
 func TestCloseSessionDuringCall(t *testing.T) {
 	got := make(chan struct{})
-	b := newFake(func(a *fakeAgent, req agent.Request) []agent.Event {
-		if req.Code == "hang" {
-			close(got)
-		}
-		return interpreter(a, req)
-	})
+	b := newFake(hangSignalled(got))
 	e := newEngine(t, b, engine.Config{})
 	ctx := context.Background()
 	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
