@@ -154,6 +154,12 @@ type budgetReader struct {
 var errOverBudget = errors.New("the sandbox sent more event data than the request allows")
 
 func (br budgetReader) Read(p []byte) (int, error) {
+	// Once spent, the budget stays spent: the JSON decoder drops an error
+	// returned with bytes that complete an event, so an agent writing one
+	// event per write would otherwise never be stopped.
+	if br.b.left.Load() < 0 {
+		return 0, errOverBudget
+	}
 	n, err := br.r.Read(p)
 	if br.b.left.Add(-int64(n)) < 0 {
 		return n, errOverBudget
@@ -176,6 +182,12 @@ func (b *box) readEvents() {
 				b.eventsErr = err
 			case !errors.Is(err, io.EOF) && !errors.Is(err, os.ErrClosed):
 				b.eventsErr = fmt.Errorf("malformed event from the sandbox: %w", err)
+			}
+			if b.eventsErr != nil {
+				// An agent that broke the protocol is not waited for: left
+				// running, it would hold the request until its deadline
+				// (reported as a timeout) or the start for startTimeout.
+				b.sb.Kill()
 			}
 			// Keep the writers from blocking until they die.
 			_, _ = io.Copy(io.Discard, stream)

@@ -33,6 +33,7 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	case pooled:
 		res.SandboxID = b.id()
 		res = e.runOnce(ctx, b, job, lang, res)
+		// Logged before the removal starts, which adds to b.phases.
 		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
 			"pooled", true, slog.Group("ms_since_start", b.phases...))
 		// The result is complete: the caller need not wait for the

@@ -368,7 +368,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		}
 		s.proc = nil
 		if !end.timedOut && !end.cancelled && oomKills == 0 {
-			res = e.sandboxError(res, fmt.Errorf("the session's sandbox ended unexpectedly: %v", end.err))
+			res = e.sandboxError(res, fmt.Errorf("the session's sandbox ended unexpectedly: %v", endCause(p, end)))
 		} else {
 			res = outcome(res, job, nil, end, oomKills)
 		}
@@ -472,16 +472,26 @@ func (e *Engine) fileOp(ctx context.Context, s *session, req agent.Request) (*ag
 	for _, f := range req.Files {
 		budget += int64(len(f.Data))
 	}
-	exit, end := s.proc.request(ctx, req, budget, fileOpTimeout, nil, nil)
+	p := s.proc
+	exit, end := p.request(ctx, req, budget, fileOpTimeout, nil, nil)
 	if exit == nil {
-		_ = s.proc.destroy()
+		_ = p.destroy()
 		s.proc, s.reportLost = nil, true
 		if end.cancelled {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("the session's sandbox failed during a file operation; its state was lost: %v", end.err)
+		return nil, fmt.Errorf("the session's sandbox failed during a file operation; its state was lost: %v", endCause(p, end))
 	}
 	return exit, nil
+}
+
+// endCause says why p's agent stopped answering: what broke its event
+// stream, else how the sandbox ended.
+func endCause(p *box, end ending) string {
+	if end.err != nil {
+		return end.err.Error()
+	}
+	return p.sb.ExitReport()
 }
 
 // CloseSession ends a session at once, even in the middle of a call or
