@@ -424,7 +424,7 @@ func (e *Engine) ReadFile(ctx context.Context, id, name string) (sandbox.OutputF
 		case exit.Error != "":
 			return &sandbox.InputError{Field: "path", Msg: exit.Error}
 		case len(exit.Files) != 1 || exit.Files[0].Path != path.Clean(name) || int64(len(exit.Files[0].Data)) > max:
-			return errors.New("the sandbox answered a file read with something else")
+			return sandbox.WithClass(errors.New("the sandbox answered a file read with something else"), sandbox.ErrUnavailable)
 		}
 		f := exit.Files[0]
 		file = sandbox.OutputFile{Path: f.Path, Size: int64(len(f.Data)), Data: f.Data, Type: "file"}
@@ -480,7 +480,7 @@ func (e *Engine) fileOp(ctx context.Context, s *session, req agent.Request) (*ag
 		if end.cancelled {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("the session's sandbox failed during a file operation; its state was lost: %v", endCause(p, end))
+		return nil, sandbox.WithClass(fmt.Errorf("the session's sandbox failed during a file operation; its state was lost: %v", endCause(p, end)), sandbox.ErrUnavailable)
 	}
 	return exit, nil
 }
