@@ -27,12 +27,66 @@ func lockRunDir(dir string) (*os.File, error) {
 	return f, nil
 }
 
+// createRunDir creates the run directory dir and locks it. Between the two
+// the directory exists unlocked, as a dead process's would, so it holds the
+// state directory shared meanwhile: reapStale holds it exclusively, and so
+// never takes a run directory being created for a leftover.
+func createRunDir(dir string) (*os.File, error) {
+	release, err := holdStateDir(filepath.Dir(dir), unix.LOCK_SH)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("create run directory %s: %w", dir, err)
+	}
+	return lockRunDir(dir)
+}
+
+// removeRunDir removes a live run's directory (see cleanRunDir) holding
+// the state directory shared, as createRunDir does: a reaper that locked
+// the directory's lock file as the removal unlinked it would lock a new,
+// unlocked one, take the run for a leftover, and race the removal.
+func removeRunDir(g *Backend, dir, id string) error {
+	release, err := holdStateDir(filepath.Dir(dir), unix.LOCK_SH)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return cleanRunDir(g, dir, id)
+}
+
+// holdStateDir flocks the state directory itself as how says (LOCK_SH or
+// LOCK_EX), waiting for it, and returns the release.
+func holdStateDir(dir string, how int) (release func(), err error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, fmt.Errorf("lock state directory: %w", err)
+	}
+	for {
+		err = unix.Flock(int(f.Fd()), how)
+		if err != unix.EINTR {
+			break
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("lock state directory %s: %w", dir, err)
+	}
+	return func() { f.Close() }, nil
+}
+
 // reapStale removes what runs of a safe-run process that died left in the
 // state directory: each unlocked run directory has its sandbox killed, its
 // runsc state deleted, its null network namespace unmounted, its cgroups
 // (where this process would have created them) removed, and is deleted.
 // It returns the IDs it reaped.
 func (g *Backend) reapStale() ([]string, error) {
+	release, err := holdStateDir(g.cfg.StateDir, unix.LOCK_EX)
+	if err != nil {
+		return nil, fmt.Errorf("reap stale sandboxes: %w", err)
+	}
+	defer release()
 	entries, err := os.ReadDir(g.cfg.StateDir)
 	if err != nil {
 		return nil, fmt.Errorf("reap stale sandboxes: %w", err)

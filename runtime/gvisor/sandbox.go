@@ -131,10 +131,7 @@ func (p *sandboxProc) setUp(job sandbox.Job, keepAlive bool) error {
 	if err != nil {
 		return err
 	}
-	if err := os.Mkdir(p.dir, 0o700); err != nil {
-		return fmt.Errorf("create state directory of %s: %w", p.id, err)
-	}
-	if p.lock, err = lockRunDir(p.dir); err != nil {
+	if p.lock, err = createRunDir(p.dir); err != nil {
 		return err
 	}
 	if err := bundle.Write(p.bundleDir(), spec); err != nil {
@@ -280,7 +277,7 @@ func (p *sandboxProc) remove() error {
 		p.mem.close()
 	}
 	var errs []error
-	if err := cleanRunDir(p.g, p.dir, p.id); err != nil {
+	if err := removeRunDir(p.g, p.dir, p.id); err != nil {
 		errs = append(errs, err)
 	}
 	p.g.removeCgroup(p.id, p.cg)
