@@ -3,7 +3,7 @@ package gvisor
 import (
 	"fmt"
 	"log/slog"
-		"path/filepath"
+	"path/filepath"
 	"sync"
 	"testing"
 )
