@@ -267,6 +267,19 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 	ctx, done := s.bind(ctx)
 	defer done()
 	defer e.release(s)
+	if p := s.proc; p != nil && p.exited() {
+		// Its sandbox died while the session was idle (killed from outside,
+		// or the host ran out of memory): the session is lost, whatever its
+		// state said, and this call starts afresh and says so.
+		p.log.Warn("a session's sandbox died while idle", "session", s.id)
+		if err := p.destroy(); err != nil {
+			p.log.Error("clean up session sandbox", "session", s.id, "err", err)
+		}
+		s.stMu.Lock()
+		s.proc = nil
+		s.stMu.Unlock()
+		s.reportLost = true
+	}
 	if s.proc == nil {
 		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits})
 		if err != nil {

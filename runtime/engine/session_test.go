@@ -594,3 +594,33 @@ func TestSessionFileAnswersChecked(t *testing.T) {
 		t.Errorf("a write outside the workspace: %v", err)
 	}
 }
+
+// TestSessionSandboxDiedWhileIdle: a session's state follows its sandbox's.
+// A sandbox that died between calls (killed from outside, say) makes the
+// session lost: the next call runs in a fresh sandbox and says the state is
+// gone, instead of failing against the dead one.
+func TestSessionSandboxDiedWhileIdle(t *testing.T) {
+	b := newFake(interpreter)
+	e := newEngine(t, b, engine.Config{})
+	ctx := context.Background()
+	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := cell(t, e, ctx, info.ID, "n+=1"); res.Status != sandbox.StatusOK || res.Stdout != "1" {
+		t.Fatalf("first cell: %+v", res)
+	}
+	first := b.sandboxes()[0]
+	first.Kill() // from outside, while the session is idle
+	res := cell(t, e, ctx, info.ID, "n+=1")
+	if res.Status != sandbox.StatusOK || res.Stdout != "1" || !res.StateLost || res.SandboxID == first.ID() {
+		t.Errorf("the call after the sandbox died idle: status %s, stdout %q, state lost %v, sandbox %s (the dead one %s); want ok in a fresh sandbox, from scratch, saying the state was lost",
+			res.Status, res.Stdout, res.StateLost, res.SandboxID, first.ID())
+	}
+	if !first.isDestroyed() {
+		t.Error("the dead sandbox was not destroyed")
+	}
+	if res := cell(t, e, ctx, info.ID, "n+=1"); res.Stdout != "2" || res.StateLost {
+		t.Errorf("the call after that: stdout %q, state lost %v; want 2, kept", res.Stdout, res.StateLost)
+	}
+}
