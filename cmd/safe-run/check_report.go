@@ -171,15 +171,15 @@ func (h humanReport) block(r blockReport) {
 	var tag string
 	switch r.Outcome {
 	case outcomePassed:
-		tag = h.paint("32", "PASS")
+		tag = h.paint("32", fmt.Sprintf("%-5s", "PASS"))
 	case outcomeFailed:
-		tag = h.paint("31", "FAIL")
+		tag = h.paint("31", fmt.Sprintf("%-5s", "FAIL"))
 	case outcomeSkipped:
-		tag = h.paint("33", "SKIP")
+		tag = h.paint("33", fmt.Sprintf("%-5s", "SKIP"))
 	default:
-		tag = h.paint("31;1", "ERROR")
+		tag = h.paint("31;1", fmt.Sprintf("%-5s", "ERROR"))
 	}
-	line := fmt.Sprintf("%-5s %s", tag, visible(r.name()))
+	line := tag + " " + visible(r.name())
 	if r.Outcome != outcomeSkipped {
 		line += fmt.Sprintf(" (%s, %.2fs)", r.Language, float64(r.DurationMS)/1000)
 	}
@@ -187,7 +187,7 @@ func (h humanReport) block(r blockReport) {
 		line += " updated"
 	}
 	if r.Message != "" {
-		line += ": " + visible(r.Message)
+		line += ": " + visible(oneLine(r.Message))
 	}
 	fmt.Fprintln(h.w, line)
 	if r.Outcome == outcomePassed || r.Outcome == outcomeSkipped {
@@ -290,15 +290,27 @@ type (
 		Failure   *junitProblem `xml:"failure"`
 		Error     *junitProblem `xml:"error"`
 		Skipped   *junitProblem `xml:"skipped"`
-		SystemOut string        `xml:"system-out,omitempty"`
-		SystemErr string        `xml:"system-err,omitempty"`
+		SystemOut *junitText    `xml:"system-out"`
+		SystemErr *junitText    `xml:"system-err"`
 	}
 	junitProblem struct {
 		Message string `xml:"message,attr,omitempty"`
 		Type    string `xml:"type,attr,omitempty"`
-		Text    string `xml:",chardata"`
+		Text    string `xml:",cdata"`
+	}
+	// junitText is program output, kept as CDATA so that it reads as printed.
+	junitText struct {
+		Text string `xml:",cdata"`
 	}
 )
+
+// junitOutput is a system-out or system-err element, nil for no output.
+func junitOutput(s string) *junitText {
+	if s == "" {
+		return nil
+	}
+	return &junitText{Text: visible(s)}
+}
 
 func seconds(ms int64) string { return strconv.FormatFloat(float64(ms)/1000, 'f', 3, 64) }
 
@@ -322,7 +334,7 @@ func junitReport(reports []blockReport, sum checkSummary) junitSuites {
 			ms += int64(t * 1000)
 		}
 		c := junitCase{Name: visible(r.name()), Classname: visible(r.File), Time: seconds(r.DurationMS),
-			File: visible(r.File), Line: r.Line, SystemOut: visible(r.Stdout), SystemErr: visible(r.Stderr)}
+			File: visible(r.File), Line: r.Line, SystemOut: junitOutput(r.Stdout), SystemErr: junitOutput(r.Stderr)}
 		problem := &junitProblem{Message: visible(r.Message), Type: r.Status, Text: visible(r.Diff)}
 		s.Tests++
 		switch r.Outcome {
@@ -365,7 +377,7 @@ func githubAnnotations(reports []blockReport) string {
 		}
 		msg := r.Message
 		if r.Diff != "" {
-			msg += "\n" + r.Diff
+			msg += "\n" + strings.TrimRight(r.Diff, "\n")
 		}
 		fmt.Fprintf(&b, "::error file=%s,line=%d,title=%s::%s\n", ghProperty(r.File), r.Line,
 			ghProperty("safe-run check: "+r.Language+" block "+r.Outcome), ghData(msg))
