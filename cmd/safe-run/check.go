@@ -419,7 +419,7 @@ func runUnits(ctx context.Context, rt backend, docs []checkDoc, units []checkUni
 		go func() {
 			defer wg.Done()
 			for u := range work {
-				runUnit(ctx, rt, docs[u.doc], u, reports, c.update != "", done)
+				runUnit(ctx, rt, docs[u.doc], u, reports, c.update, done)
 			}
 		}()
 	}
@@ -431,7 +431,7 @@ func runUnits(ctx context.Context, rt backend, docs []checkDoc, units []checkUni
 }
 
 // runUnit runs one unit's blocks in order.
-func runUnit(ctx context.Context, rt backend, d checkDoc, u checkUnit, reports []blockReport, update bool, done func(int)) {
+func runUnit(ctx context.Context, rt backend, d checkDoc, u checkUnit, reports []blockReport, update updateFlag, done func(int)) {
 	var session string
 	var sessionErr error
 	if u.session != "" {
@@ -464,7 +464,11 @@ func runUnit(ctx context.Context, rt backend, d checkDoc, u checkUnit, reports [
 		if err != nil {
 			r.Outcome, r.Message = outcomeError, oneLine(withHint(err).Error())
 		} else {
-			judge(r, d.blocks[bi], res, update)
+			b := d.blocks[bi]
+			judge(r, b, res, update != "")
+			// --update=all gives a passing block that printed something
+			// an expected block.
+			r.Updated = r.Updated || (update == "all" && b.Expected == nil && r.Outcome == outcomePassed && r.Stdout != "")
 		}
 		done(d.first + bi)
 	}
@@ -522,25 +526,22 @@ func judge(r *blockReport, b snippets.Block, res sandbox.Result, update bool) {
 	r.Diff = snippets.Diff(b.Expected.Text, got)
 }
 
-// updateDocuments rewrites the expected output of the blocks judge marked
-// updated (and, with all, adds it to passing blocks without one), each
-// document replaced whole, only if it changed.
+// updateDocuments rewrites the expected output of the blocks marked
+// updated, or adds it where they have none (all), each document replaced
+// whole, only if it changed.
 func updateDocuments(docs []checkDoc, reports []blockReport, all bool) error {
 	for _, d := range docs {
 		var outputs []snippets.Output
 		for i, b := range d.blocks {
-			r := &reports[d.first+i]
-			switch {
-			case r.Updated:
-				text := r.Stdout
-				if b.Expected.Stderr {
-					text = r.Stderr
-				}
-				outputs = append(outputs, snippets.Output{Block: i, Text: text})
-			case all && b.Expected == nil && r.Outcome == outcomePassed && r.Stdout != "":
-				outputs = append(outputs, snippets.Output{Block: i, Text: r.Stdout})
-				r.Updated = true
+			r := reports[d.first+i]
+			if !r.Updated {
+				continue
 			}
+			text := r.Stdout
+			if b.Expected != nil && b.Expected.Stderr {
+				text = r.Stderr
+			}
+			outputs = append(outputs, snippets.Output{Block: i, Text: text})
 		}
 		if len(outputs) == 0 {
 			continue
