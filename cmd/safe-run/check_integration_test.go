@@ -143,11 +143,15 @@ func TestCheckIntegrationTree(t *testing.T) {
 			}
 		}
 	}
-	if len(names) != 20 || slices.ContainsFunc(names, func(n string) bool { return strings.Contains(n, "node_modules") || strings.Contains(n, "vendor") || strings.HasPrefix(n, ".git") }) {
+	if len(names) != 20 || slices.ContainsFunc(names, func(n string) bool {
+		return strings.Contains(n, "node_modules") || strings.Contains(n, "vendor") || strings.HasPrefix(n, ".git")
+	}) {
 		t.Errorf("testcases %q", names)
 	}
 	for name, check := range map[string]func(c junitCase) bool{
-		"fail.md:3":         func(c junitCase) bool { return c.SystemOut != nil && c.SystemOut.Text == "actual\n" && strings.Contains(c.Failure.Text, "-expected\n+actual") },
+		"fail.md:3": func(c junitCase) bool {
+			return c.SystemOut != nil && c.SystemOut.Text == "actual\n" && strings.Contains(c.Failure.Text, "-expected\n+actual")
+		},
 		"special.md:3":      func(c junitCase) bool { return c.Skipped != nil },
 		"guide/files.md:3":  func(c junitCase) bool { return c.SystemOut != nil && c.SystemOut.Text == "beta\nalpha\n" },
 		"guide/files.md:12": func(c junitCase) bool { return c.SystemOut != nil && c.SystemOut.Text == "3\n" },
