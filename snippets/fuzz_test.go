@@ -2,6 +2,7 @@ package snippets
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 )
 
@@ -12,6 +13,13 @@ func FuzzParse(f *testing.F) {
 	f.Add([]byte("```python\nprint(1)\n```\n\n```output\n1\n```\n"), "2\n")
 	f.Add([]byte("~~~~bash session=a\r\n```\r\necho\r\n~~~~\r\n"), "```\r\n")
 	f.Fuzz(func(t *testing.T, data []byte, out string) {
+		if !Match(out, out, false) {
+			t.Fatalf("%q does not match itself", out)
+		}
+		if !slices.Contains(normLines(out), ellipsis) && Diff(out, out) != "" {
+			t.Fatalf("Diff of %q with itself: %q", out, Diff(out, out))
+		}
+		_ = Diff(string(data), out)
 		blocks, err := Parse("fuzz.md", data, langs)
 		if err != nil {
 			if _, ok := err.(*Error); !ok {

@@ -98,3 +98,15 @@ func TestDiffLarge(t *testing.T) {
 		t.Errorf("Diff of 3000 lines: %.200q...", d)
 	}
 }
+
+func TestDiffRegex(t *testing.T) {
+	want := "took [0-9.]+s\nresult: ok\n"
+	got := "took 0.25s\nresult: failed\n"
+	const d = "--- expected\n+++ actual\n@@ -1,2 +1,2 @@\n took 0.25s\n-result: ok\n+result: failed\n"
+	if s := DiffRegex(want, got); s != d {
+		t.Errorf("DiffRegex:\n%s\nwant:\n%s", s, d)
+	}
+	if s := DiffRegex("a+\n", "aaa\n"); s != "" {
+		t.Errorf("DiffRegex of a match: %q", s)
+	}
+}

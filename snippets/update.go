@@ -46,13 +46,13 @@ func Update(data []byte, blocks []Block, outputs []Output, all bool) []byte {
 		text := NormalizeOutput(o.Text)
 		if b.Expected == nil {
 			if all && text != "" {
-				if e, ok := newOutputBlock(data, lines, b, text); ok {
+				if e, ok := newOutputBlock(lines, b, text); ok {
 					edits = append(edits, e)
 				}
 			}
 			continue
 		}
-		if e, ok := replaceOutput(data, lines, b.Expected, text); ok {
+		if e, ok := replaceOutput(lines, b.Expected, text); ok {
 			edits = append(edits, e)
 		}
 	}
@@ -124,7 +124,7 @@ func fenceFor(char byte, atLeast int, text string) string {
 }
 
 // replaceOutput is the edit that puts text into exp, if it needs one.
-func replaceOutput(data []byte, lines []line, exp *Expected, text string) (edit, bool) {
+func replaceOutput(lines []line, exp *Expected, text string) (edit, bool) {
 	if Match(exp.Text, text, exp.Regex) || slices.Equal(normLines(exp.Text), normLines(text)) {
 		return edit{}, false
 	}
@@ -188,7 +188,7 @@ func quoteLines(text string) string {
 }
 
 // newOutputBlock is the edit that inserts an output block after b.
-func newOutputBlock(data []byte, lines []line, b Block, text string) (edit, bool) {
+func newOutputBlock(lines []line, b Block, text string) (edit, bool) {
 	opening := b.Line - 1
 	if opening < 0 || opening >= len(lines) {
 		return edit{}, false
