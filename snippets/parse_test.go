@@ -27,7 +27,7 @@ type blockSummary struct {
 	Regex    bool
 }
 
-func summarize(data string, bs []Block) []blockSummary {
+func summarize(bs []Block) []blockSummary {
 	var out []blockSummary
 	for _, b := range bs {
 		s := blockSummary{Line: b.Line, Language: b.Language, Code: b.Code, Attrs: b.Attrs, Expected: "<none>"}
@@ -123,7 +123,7 @@ func TestParseFences(t *testing.T) {
 			if err != nil {
 				t.Fatalf("Parse: %v", err)
 			}
-			if got := summarize(tc.doc, bs); !reflect.DeepEqual(got, tc.want) {
+			if got := summarize(bs); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("Parse:\n got %+v\nwant %+v", got, tc.want)
 			}
 			for _, b := range bs {
