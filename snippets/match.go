@@ -110,9 +110,15 @@ const maxLCS = 1 << 22
 // (+++, the actual output), of their lines as Match sees them; an expected
 // line with "..." inside it counts as equal to a line it matches. It returns
 // "" when the two have the same lines.
-func Diff(want, got string) string {
+func Diff(want, got string) string { return diff(want, got, false) }
+
+// DiffRegex is Diff for an expected block of regular expressions: a line
+// that matches its expression counts as equal to it.
+func DiffRegex(want, got string) string { return diff(want, got, true) }
+
+func diff(want, got string, regex bool) string {
 	w, g := normLines(want), normLines(got)
-	ops := editScript(w, g)
+	ops := editScript(w, g, regex)
 	changed := false
 	for _, o := range ops {
 		changed = changed || o.kind != ' '
@@ -156,8 +162,8 @@ type op struct {
 }
 
 // editScript is the shortest edit from w to g, by longest common
-// subsequence.
-func editScript(w, g []string) []op {
+// subsequence; an expected line equals a line it matches.
+func editScript(w, g []string, regex bool) []op {
 	var ops []op
 	n, m := len(w), len(g)
 	if n*m > maxLCS {
@@ -171,7 +177,7 @@ func editScript(w, g []string) []op {
 	}
 	eq := make([]lineMatcher, n)
 	for i, l := range w {
-		eq[i] = newLineMatcher(l, false)
+		eq[i] = newLineMatcher(l, regex)
 	}
 	// lcs[i][j]: the longest common subsequence of w[i:] and g[j:].
 	lcs := make([][]int, n+1)

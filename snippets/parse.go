@@ -1,6 +1,7 @@
 package snippets
 
 import (
+	"bytes"
 	"fmt"
 	"path/filepath"
 	"regexp"
@@ -33,7 +34,7 @@ type line struct {
 func splitLines(data []byte) []line {
 	var lines []line
 	for off := 0; off < len(data); {
-		i := strings.IndexByte(string(data[off:]), '\n')
+		i := bytes.IndexByte(data[off:], '\n')
 		l := line{start: off}
 		if i < 0 {
 			l.text, l.end = string(data[off:]), len(data)

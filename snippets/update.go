@@ -3,8 +3,10 @@ package snippets
 import (
 	"bytes"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // NormalizeOutput is output as Update writes it: LF line endings, and
@@ -25,8 +27,8 @@ type edit struct {
 
 // Update returns data with the expected-output blocks of blocks (as Parse
 // returned them for data) holding outputs' texts. An expected block whose
-// text already matches (Match, in its own mode) is left as it is, ellipses
-// and all; a regex block gets each new line quoted as a literal expression.
+// text already matches (Match, in its own mode) or is the same text is left
+// as it is, ellipses and all; a regex block gets each new line quoted as a literal expression.
 // With all, a block without an expected block gets a new "output" block
 // right after it (only for output that is not empty). A document nothing
 // changes in comes back byte for byte; a CRLF document keeps CRLF in what
@@ -44,13 +46,13 @@ func Update(data []byte, blocks []Block, outputs []Output, all bool) []byte {
 		text := NormalizeOutput(o.Text)
 		if b.Expected == nil {
 			if all && text != "" {
-				if e, ok := newOutputBlock(data, lines, b, text); ok {
+				if e, ok := newOutputBlock(lines, b, text); ok {
 					edits = append(edits, e)
 				}
 			}
 			continue
 		}
-		if e, ok := replaceOutput(data, lines, b.Expected, text); ok {
+		if e, ok := replaceOutput(lines, b.Expected, text); ok {
 			edits = append(edits, e)
 		}
 	}
@@ -122,8 +124,8 @@ func fenceFor(char byte, atLeast int, text string) string {
 }
 
 // replaceOutput is the edit that puts text into exp, if it needs one.
-func replaceOutput(data []byte, lines []line, exp *Expected, text string) (edit, bool) {
-	if Match(exp.Text, text, exp.Regex) {
+func replaceOutput(lines []line, exp *Expected, text string) (edit, bool) {
+	if Match(exp.Text, text, exp.Regex) || slices.Equal(normLines(exp.Text), normLines(text)) {
 		return edit{}, false
 	}
 	// The content runs from the line after the opening fence to the
@@ -167,7 +169,17 @@ func quoteLines(text string) string {
 	for _, l := range strings.SplitAfter(text, "\n") {
 		nl := strings.HasSuffix(l, "\n")
 		l = strings.TrimSuffix(l, "\n")
-		b.WriteString(regexp.QuoteMeta(l))
+		for l != "" {
+			r, n := utf8.DecodeRuneInString(l)
+			if r == utf8.RuneError && n == 1 {
+				// Matching reads an invalid byte as U+FFFD; an
+				// expression may not hold one.
+				b.WriteString(`\x{FFFD}`)
+			} else {
+				b.WriteString(regexp.QuoteMeta(l[:n]))
+			}
+			l = l[n:]
+		}
 		if nl {
 			b.WriteByte('\n')
 		}
@@ -176,7 +188,7 @@ func quoteLines(text string) string {
 }
 
 // newOutputBlock is the edit that inserts an output block after b.
-func newOutputBlock(data []byte, lines []line, b Block, text string) (edit, bool) {
+func newOutputBlock(lines []line, b Block, text string) (edit, bool) {
 	opening := b.Line - 1
 	if opening < 0 || opening >= len(lines) {
 		return edit{}, false
