@@ -523,7 +523,11 @@ func judge(r *blockReport, b snippets.Block, res sandbox.Result, update bool) {
 		return
 	}
 	fail("%s differs from the expected output (line %d)", stream, b.Expected.Line)
-	r.Diff = snippets.Diff(b.Expected.Text, got)
+	if b.Expected.Regex {
+		r.Diff = snippets.DiffRegex(b.Expected.Text, got)
+	} else {
+		r.Diff = snippets.Diff(b.Expected.Text, got)
+	}
 }
 
 // updateDocuments rewrites the expected output of the blocks marked
