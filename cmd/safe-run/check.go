@@ -206,12 +206,7 @@ func cmdCheck(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer func() {
-		rt.Close()
-		done, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = rt.Wait(done)
-	}()
+	defer closeBackend(rt)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx = sandbox.WithClient(ctx, sandbox.Client{Name: "safe-run check", Version: version})

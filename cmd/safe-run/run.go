@@ -126,14 +126,7 @@ func cmdRun(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	defer func() {
-		// A warm run's sandbox is removed after its result is known; the
-		// process must not exit before.
-		rt.Close()
-		done, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = rt.Wait(done)
-	}()
+	defer closeBackend(rt)
 	if !*asJSON {
 		job.Stdout, job.Stderr = os.Stdout, os.Stderr
 	}
@@ -171,6 +164,16 @@ func cmdRun(args []string) int {
 		return fail(saveErr)
 	}
 	return exitCode(res)
+}
+
+// closeBackend ends the pool and the sessions and waits (a bounded time)
+// for every sandbox to be gone: a warm run's sandbox is removed after its
+// result is known, and the process must not exit before.
+func closeBackend(rt backend) {
+	rt.Close()
+	done, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = rt.Wait(done)
 }
 
 // registerLimits registers the flags of a run's limits other than its
