@@ -308,3 +308,64 @@ func TestCheckPlanUnits(t *testing.T) {
 		t.Errorf("pool %+v", pool)
 	}
 }
+
+// TestCheckBlockJob: attributes become the job, within the policy; what
+// the policy refuses is a document error at the block's line.
+func TestCheckBlockJob(t *testing.T) {
+	dir := writeTree(t, map[string]string{"doc.md": "", "in.txt": "input"})
+	doc := filepath.Join(dir, "doc.md")
+	c := checkConfig{env: checkEnv, limits: sandbox.Limits{MemoryBytes: 256 * sandbox.MiB}}
+	policy := sandbox.Policy{Images: []string{"allowed:1"}}
+	for _, tc := range []struct {
+		name  string
+		attrs snippets.Attrs
+		err   string // part of the document error; "" for none
+	}{
+		{name: "plain"},
+		{name: "allowed image", attrs: snippets.Attrs{Image: "allowed:1"}},
+		{name: "other image", attrs: snippets.Attrs{Image: "other:1"}, err: "doc.md:7: image"},
+		{name: "image in a session", attrs: snippets.Attrs{Image: "allowed:1", Session: "s"}, err: "session"},
+		{name: "timeout", attrs: snippets.Attrs{Timeout: 5 * time.Second}},
+		{name: "timeout above the maximum", attrs: snippets.Attrs{Timeout: 24 * time.Hour}, err: "doc.md:7: timeout"},
+		{name: "stdin", attrs: snippets.Attrs{Stdin: "in.txt", Files: []string{"in.txt"}}},
+		{name: "missing stdin", attrs: snippets.Attrs{Stdin: "absent.txt"}, err: "doc.md:7: stdin=absent.txt"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			job, err := blockJob(doc, snippets.Block{Line: 7, Language: "python", Code: "print(1)\n", Attrs: tc.attrs}, policy, c)
+			switch {
+			case tc.err == "" && err != nil:
+				t.Fatalf("document error: %v", err)
+			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err) || sandbox.Class(err) != sandbox.ErrInvalid):
+				t.Fatalf("error %v, want a document error with %q", err, tc.err)
+			case err != nil:
+				return
+			}
+			if !slices.Equal(job.Env, checkEnv) || job.Limits.MemoryBytes != 256*sandbox.MiB || job.Limits.Timeout != tc.attrs.Timeout || job.Image != tc.attrs.Image {
+				t.Errorf("job %+v", job)
+			}
+			if tc.attrs.Stdin != "" && (string(job.Stdin) != "input" || len(job.Files) != 1 || job.Files[0].Path != "in.txt") {
+				t.Errorf("stdin %q, files %+v", job.Stdin, job.Files)
+			}
+		})
+	}
+}
+
+// TestCheckPrinterOrder: results finishing out of order print in document
+// order.
+func TestCheckPrinterOrder(t *testing.T) {
+	var b strings.Builder
+	reports := []blockReport{{File: "a.md", Line: 1, Outcome: outcomePassed}, {File: "a.md", Line: 5, Outcome: outcomeFailed}, {File: "b.md", Line: 2, Outcome: outcomeSkipped}}
+	p := &checkPrinter{human: &humanReport{w: &b}, total: 3, reports: reports, finished: make([]bool, 3), all: make(chan struct{})}
+	for _, i := range []int{2, 1} {
+		p.done(i)
+	}
+	if b.Len() != 0 {
+		t.Errorf("printed before the first block finished: %q", b.String())
+	}
+	p.done(0)
+	p.wait()
+	lines := strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "a.md:1") || !strings.Contains(lines[1], "a.md:5") || !strings.Contains(lines[2], "b.md:2") {
+		t.Errorf("printed\n%s", b.String())
+	}
+}
