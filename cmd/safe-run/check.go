@@ -102,6 +102,9 @@ type checkConfig struct {
 	env     []string
 	images  []string
 	paths   []string
+	// preload lists the modules each language's warm interpreters import;
+	// a language that is absent imports none.
+	preload map[string][]string
 }
 
 // gatherCheck reads check's flags and environment into a checkConfig.
@@ -112,6 +115,7 @@ func gatherCheck(args []string) (checkConfig, int, bool) {
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of each block unless its timeout= says (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		env     envFlag
 		images  = fs.String("images", "", "comma-separated images that blocks may name with image= (default: none; blocks run in their language's image)")
+		preload = fs.String("preload", "", "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...` (default: none, which keeps each warm start cheapest)")
 	)
 	settings := registerWithEnv(fs, c.host.register)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), checkUsage); printSettings(fs, settings) }
@@ -138,6 +142,10 @@ func gatherCheck(args []string) (checkConfig, int, bool) {
 		return c, fail(usageError("no PATH given; name the Markdown files or directories to check, e.g. `safe-run check docs/`")), true
 	}
 	c.limits.Timeout = *timeout
+	var err error
+	if c.preload, err = parsePreload(*preload); err != nil {
+		return c, fail(err), true
+	}
 	c.env = mergeEnv(checkEnv, env)
 	c.images = splitList(*images, ",")
 	c.paths = fs.Args()
@@ -196,7 +204,7 @@ func cmdCheck(args []string) int {
 		return fail(err)
 	}
 	cfg.Engine.Policy.Default, cfg.Engine.Policy.Images = c.limits, c.images
-	cfg.Engine.Pool = checkPool(docs, c.jobs, c.env)
+	cfg.Engine.Pool = checkPool(docs, c.jobs, c.env, c.preload)
 	if len(cfg.Engine.Pool.Size) > 0 {
 		cfg.Backend.CheckpointDir = checkpointDir(c.host.cacheDir)
 	}
@@ -378,8 +386,14 @@ func planUnits(docs []checkDoc) ([]checkUnit, int) {
 
 // checkPool sizes the warm pool: per language, as many sandboxes as blocks
 // may run at once (-j), for the one-shot blocks in their language's image,
-// their interpreters started with env.
-func checkPool(docs []checkDoc, jobs int, env []string) poolConfig {
+// their interpreters started with env. As many refills as workers run at
+// once, and a block that finds the pool empty waits for the refill under
+// way (a restore, faster than the cold start it would otherwise make beside
+// it on the same CPUs): a suite of short blocks then costs warm starts.
+// The warm interpreters import nothing unless --preload says: a restore of
+// one with pandas imported costs more than the import saves a block that
+// does not use it.
+func checkPool(docs []checkDoc, jobs int, env []string, preload map[string][]string) poolConfig {
 	count := map[string]int{}
 	for _, d := range docs {
 		for i, b := range d.blocks {
@@ -392,8 +406,16 @@ func checkPool(docs []checkDoc, jobs int, env []string) poolConfig {
 	for lang, n := range count {
 		size[lang] = min(n, jobs)
 	}
-	return poolConfig{Size: size, Env: env}
+	modules := map[string][]string{}
+	for lang := range size {
+		modules[lang] = preload[lang] // none unless --preload names some
+	}
+	return poolConfig{Size: size, Env: env, Refills: jobs, AwaitRefill: checkAwaitRefill, Preload: modules}
 }
+
+// checkAwaitRefill bounds a block's wait for a refill: a refill slower
+// than this is broken, and the block starts cold instead.
+const checkAwaitRefill = 30 * time.Second
 
 // runUnits runs the units on c.jobs workers, fills reports (indexed as the
 // documents' blocks, in order) and calls done(i) as report i is final.

@@ -303,8 +303,9 @@ func TestCheckPlanUnits(t *testing.T) {
 		t.Errorf("units %+v", units)
 	}
 	pool := checkPool([]checkDoc{{blocks: []snippets.Block{{Language: "python"}, {Language: "python"}, {Language: "python"}, {Language: "bash"},
-		{Language: "node", Attrs: snippets.Attrs{Session: "s"}}}, jobs: make([]sandbox.Job, 5)}}, 2, checkEnv)
-	if len(pool.Size) != 2 || pool.Size["python"] != 2 || pool.Size["bash"] != 1 || !slices.Equal(pool.Env, checkEnv) {
+		{Language: "node", Attrs: snippets.Attrs{Session: "s"}}}, jobs: make([]sandbox.Job, 5)}}, 2, checkEnv, map[string][]string{"python": {"numpy"}})
+	if len(pool.Size) != 2 || pool.Size["python"] != 2 || pool.Size["bash"] != 1 || !slices.Equal(pool.Env, checkEnv) ||
+		!slices.Equal(pool.Preload["python"], []string{"numpy"}) || pool.Preload["bash"] != nil || pool.Refills != 2 || pool.AwaitRefill == 0 {
 		t.Errorf("pool %+v", pool)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -52,14 +53,25 @@ func (p *poolFlags) config() (poolConfig, error) {
 		}
 		cfg.Size[strings.TrimSpace(lang)] = size
 	}
-	for _, part := range splitList(p.preload, ";") {
+	preload, err := parsePreload(p.preload)
+	if err != nil {
+		return cfg, err
+	}
+	maps.Copy(cfg.Preload, preload)
+	return cfg, nil
+}
+
+// parsePreload reads a --preload value, `LANG=MOD,MOD;LANG=...`.
+func parsePreload(value string) (map[string][]string, error) {
+	out := map[string][]string{}
+	for _, part := range splitList(value, ";") {
 		lang, mods, ok := strings.Cut(part, "=")
 		if !ok {
-			return cfg, &sandbox.InputError{Field: "preload", Msg: fmt.Sprintf("%q is not LANG=MOD,MOD, e.g. python=numpy,pandas", part)}
+			return nil, &sandbox.InputError{Field: "preload", Msg: fmt.Sprintf("%q is not LANG=MOD,MOD, e.g. python=numpy,pandas", part)}
 		}
-		cfg.Preload[strings.TrimSpace(lang)] = splitList(mods, ",")
+		out[strings.TrimSpace(lang)] = splitList(mods, ",")
 	}
-	return cfg, nil
+	return out, nil
 }
 
 // checkpointDir is where the backend keeps checkpoint images of warm

@@ -14,8 +14,9 @@ import (
 // from that image. Every restored sandbox is still used for one run only.
 
 // checkpointState is what the pool knows of a language's checkpoint image.
-// One goroutine at a time touches it: the filler, or with OnDemand (which
-// has no filler) the run restoring under the pool's starting lock.
+// One goroutine at a time touches it: a filler, under the pool's ckptMu
+// (there are PoolConfig.Refills of them), or with OnDemand (which has no
+// filler) the run restoring under the pool's starting lock.
 type checkpointState struct {
 	image    string // the image, once built or found
 	disabled string // why this language refills cold, once that is decided

@@ -41,6 +41,17 @@ type PoolConfig struct {
 	// sandbox.Job.Env): some of it, such as PYTHONHASHSEED, is fixed when an
 	// interpreter starts, so only jobs with this same Env are served.
 	Env []string
+	// Refills is how many sandboxes the pool starts at once; 0 means one.
+	// A server keeps one, so that refills never crowd out the runs they
+	// serve; a batch of runs (safe-run check) that keeps several workers
+	// busy needs as many refills in flight to keep up.
+	Refills int
+	// AwaitRefill, if set, makes a run that finds its language's pool
+	// empty while a refill is under way wait up to this long for it,
+	// rather than start cold beside it: for a batch, where a refill
+	// (usually a restore) is faster than a cold start and the CPU is
+	// shared anyway.
+	AwaitRefill time.Duration
 }
 
 // DefaultPreload are the modules warm interpreters import by default.
@@ -56,7 +67,8 @@ const DefaultPoolMemory = 2 * sandbox.GiB
 const refillBackoff = 30 * time.Second
 
 // pool keeps ready single-use sandboxes, per language, and refills them
-// one at a time: the rate is bounded by one sandbox starting at any moment.
+// PoolConfig.Refills at a time (one by default): the rate is bounded by
+// that many sandboxes starting at any moment.
 type pool struct {
 	e   *Engine
 	cfg PoolConfig
@@ -67,6 +79,12 @@ type pool struct {
 	// starting serialises starts outside the filler (OnDemand), since a
 	// language's checkpoint state belongs to one start at a time.
 	starting sync.Mutex
+
+	// ckptMu serialises the use of checkpoint state by parallel refills.
+	ckptMu sync.Mutex
+	// refilled is closed, and replaced, each time a sandbox is added to
+	// the pool, for runs waiting on a refill (AwaitRefill). Guarded by mu.
+	refilled chan struct{}
 
 	wake   chan struct{}
 	ctx    context.Context // ends when the pool closes, cancelling a start
@@ -81,6 +99,7 @@ type poolLang struct {
 	preload []string
 	size    int
 	ready   []*box
+	filling int   // refills under way
 	memory  int64 // memory of one ready sandbox, as last measured
 	fails   int   // refills failed in a row
 	ckpt    checkpointState
@@ -90,7 +109,8 @@ func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 	if cfg.MemoryBytes == 0 {
 		cfg.MemoryBytes = DefaultPoolMemory
 	}
-	p := &pool{e: e, cfg: cfg, langs: map[string]*poolLang{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	p := &pool{e: e, cfg: cfg, langs: map[string]*poolLang{}, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		refilled: make(chan struct{})}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, name := range slices.Sorted(maps.Keys(cfg.Size)) {
 		size := cfg.Size[name]
@@ -114,8 +134,16 @@ func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 		close(p.done)
 		return p, nil
 	}
-	go p.fill()
-	p.poke()
+	refills := max(1, cfg.Refills)
+	var fillers sync.WaitGroup
+	for range refills {
+		fillers.Add(1)
+		go func() { defer fillers.Done(); p.fill() }()
+	}
+	go func() { fillers.Wait(); close(p.done) }()
+	for range refills {
+		p.poke()
+	}
 	return p, nil
 }
 
@@ -147,13 +175,46 @@ func (p *pool) take(job sandbox.Job) *box {
 		defer p.mu.Lock()
 		return p.restoreNow(pl)
 	}
+	var deadline <-chan time.Time
+	for {
+		sp := p.takeReady(pl)
+		if sp != nil {
+			return sp
+		}
+		if p.cfg.AwaitRefill <= 0 || pl.filling == 0 || p.closed {
+			break
+		}
+		// A refill is under way: wait for it rather than start cold.
+		if deadline == nil {
+			t := time.NewTimer(p.cfg.AwaitRefill)
+			defer t.Stop()
+			deadline = t.C
+		}
+		refilled := p.refilled
+		p.mu.Unlock()
+		select {
+		case <-refilled:
+			p.mu.Lock()
+			continue
+		case <-deadline:
+			p.mu.Lock()
+		}
+		break
+	}
+	p.poke() // a miss: refill now
+	return nil
+}
+
+// takeReady takes the first ready sandbox of pl that is still alive, or
+// returns nil. p.mu is held.
+func (p *pool) takeReady(pl *poolLang) *box {
 	for len(pl.ready) > 0 {
 		sp := pl.ready[0]
 		pl.ready = slices.Delete(pl.ready, 0, 1)
 		if sp.exited() || sp.requireStatus(statusReady) != nil {
 			// It died waiting (killed from outside, or the host ran out
 			// of memory): clean up and try the next.
-			sp.log.Warn("a pooled sandbox died while waiting", "language", job.Language)
+			sp.log.Warn("a pooled sandbox died while waiting", "language", pl.lang.Name)
 			go sp.destroy()
 			continue
 		}
@@ -162,7 +223,6 @@ func (p *pool) take(job sandbox.Job) *box {
 		markPooled(sp, "")
 		return sp
 	}
-	p.poke() // a miss: refill now
 	return nil
 }
 
@@ -210,25 +270,27 @@ func (p *pool) next() *poolLang {
 	}
 	var used int64
 	for _, pl := range p.langs {
-		used += int64(len(pl.ready)) * pl.memory
+		used += int64(len(pl.ready)+pl.filling) * pl.memory
 	}
 	var best *poolLang
 	for _, name := range slices.Sorted(maps.Keys(p.langs)) {
 		pl := p.langs[name]
-		missing := pl.size - len(pl.ready)
+		missing := pl.size - len(pl.ready) - pl.filling
 		if missing <= 0 || used+pl.memory > p.cfg.MemoryBytes {
 			continue
 		}
-		if best == nil || missing > best.size-len(best.ready) {
+		if best == nil || missing > best.size-len(best.ready)-best.filling {
 			best = pl
 		}
+	}
+	if best != nil {
+		best.filling++ // until fill adds it, or gives up
 	}
 	return best
 }
 
-// fill refills the pool until it closes.
+// fill refills the pool until it closes; Refills of them run at once.
 func (p *pool) fill() {
-	defer close(p.done)
 	for {
 		pl := p.next()
 		if pl == nil {
@@ -241,6 +303,7 @@ func (p *pool) fill() {
 		}
 		sp, err := p.start(pl)
 		p.mu.Lock()
+		pl.filling--
 		if err != nil {
 			pl.fails++
 			p.mu.Unlock()
@@ -263,6 +326,8 @@ func (p *pool) fill() {
 		}
 		pl.ready = append(pl.ready, sp)
 		markPooled(sp, pl.lang.Name)
+		close(p.refilled)
+		p.refilled = make(chan struct{})
 		p.mu.Unlock()
 	}
 }
@@ -280,9 +345,14 @@ func markPooled(sp *box, lang string) {
 func (p *pool) start(pl *poolLang) (*box, error) {
 	var sp *box
 	var err error
-	if image := p.checkpoint(pl); image != "" {
+	p.ckptMu.Lock()
+	image := p.checkpoint(pl)
+	p.ckptMu.Unlock()
+	if image != "" {
 		if sp, err = p.restore(pl, image); err != nil {
+			p.ckptMu.Lock()
 			p.restoreFailed(pl, image, err)
+			p.ckptMu.Unlock()
 		}
 	}
 	if sp == nil {
