@@ -58,6 +58,8 @@ func main() {
 	flag.IntVar(&o.throughputRuns, "throughput-runs", 24, "runs per throughput measurement")
 	flag.StringVar(&o.out, "out", "scripts/bench/results", "directory for latest.md and latest.json")
 	flag.StringVar(&o.readme, "readme", "README.md", "README whose benchmark section is replaced (empty: leave it)")
+	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
+	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench: ")
@@ -70,6 +72,10 @@ func main() {
 			log.Fatal(err)
 		}
 		*p = abs
+	}
+	if *check {
+		checkMain(o, *checkReps)
+		return
 	}
 	rep, err := run(o)
 	if err != nil {
@@ -400,8 +406,12 @@ func (rep *Report) markdown() string {
 }
 
 // replaceSection puts table between the benchmark markers of the README.
-func replaceSection(readme, table string) error {
-	const begin, end = "<!-- bench:begin -->\n", "<!-- bench:end -->"
+func replaceSection(readme, table string) error { return replaceMarked(readme, "bench", table) }
+
+// replaceMarked puts table between the README's <!-- NAME:begin --> and
+// <!-- NAME:end --> markers.
+func replaceMarked(readme, name, table string) error {
+	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
 	data, err := os.ReadFile(readme)
 	if err != nil {
 		return err
