@@ -70,7 +70,7 @@ type fileStamp struct {
 	mtime time.Time
 }
 
-func (s *server) startInterpreter(kind string) (*interpreter, error) {
+func (s *server) startInterpreter(kind string, env []string) (*interpreter, error) {
 	argv, err := driverArgv(kind)
 	if err != nil {
 		return nil, err
@@ -88,7 +88,7 @@ func (s *server) startInterpreter(kind string) (*interpreter, error) {
 	errR, errW, _ := os.Pipe()
 	cmdR, cmdW, _ := os.Pipe()
 	statR, statW, _ := os.Pipe()
-	pid, done, err := s.startProgram(argv, []string{"SAFE_RUN_MARKER=" + marker}, []*os.File{devnull, outW, errW, cmdR, statW})
+	pid, done, err := s.startProgram(argv, append([]string{"SAFE_RUN_MARKER=" + marker}, env...), []*os.File{devnull, outW, errW, cmdR, statW})
 	if err != nil {
 		closeAll(outR, errR, cmdW, statR)
 		return nil, fmt.Errorf("start the %s interpreter: %w", kind, err)
@@ -161,7 +161,7 @@ func (s *server) eval(req *Request) *Exit {
 		s.stopInterpreter()
 	}
 	if s.interp == nil {
-		it, err := s.startInterpreter(req.Interpreter)
+		it, err := s.startInterpreter(req.Interpreter, req.Env)
 		if err != nil {
 			return &Exit{Code: -1, Error: err.Error()}
 		}

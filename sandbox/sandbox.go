@@ -41,6 +41,9 @@ type Job struct {
 	Files []File
 	// Stdin is the program's standard input; empty means /dev/null-like EOF.
 	Stdin []byte
+	// Env is added to the program's environment, as KEY=VALUE entries. In a
+	// session it takes effect when the session's interpreter starts.
+	Env []string
 	// Limits bound the run; zero fields take the policy's defaults.
 	Limits Limits
 	// OutputDir, if set, is a directory of the workspace (e.g. "out") whose

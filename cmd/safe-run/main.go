@@ -36,6 +36,7 @@ var commands []command
 func init() {
 	commands = []command{
 		{"run", "run code in a sandbox and print its output", cmdRun},
+		{"check", "run the code blocks of Markdown documents as tests, in sandboxes", cmdCheck},
 		{"serve", "serve the Model Context Protocol over stdio or Streamable HTTP", cmdServe},
 		{"doctor", "check that this host can run sandboxes, and say how to fix what is missing", cmdDoctor},
 		{"image", "manage images: pull, import, build, ls, rm", cmdImage},
@@ -60,7 +61,7 @@ func enterUserNamespace(args []string) {
 		return
 	}
 	switch args[0] {
-	case "run", "serve":
+	case "run", "serve", "check":
 	case "doctor":
 		if userNamespaceCheck() != nil {
 			return

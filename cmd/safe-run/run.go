@@ -79,11 +79,7 @@ func cmdRun(args []string) int {
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
-	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default "+sandbox.FormatBytes(sandbox.DefaultLimits.MemoryBytes)+")")
-	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default "+strconv.Itoa(sandbox.DefaultLimits.Processes)+")")
-	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default "+strconv.FormatFloat(sandbox.DefaultLimits.CPUs, 'f', -1, 64)+")")
-	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default "+sandbox.FormatBytes(sandbox.DefaultLimits.OutputBytes)+")")
-	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default "+sandbox.FormatBytes(sandbox.DefaultLimits.WorkspaceBytes)+")")
+	registerLimits(fs, &limits)
 	if code, done := parseFlags(fs, args); done {
 		return code
 	}
@@ -175,6 +171,16 @@ func cmdRun(args []string) int {
 		return fail(saveErr)
 	}
 	return exitCode(res)
+}
+
+// registerLimits registers the flags of a run's limits other than its
+// timeout (run and check share them).
+func registerLimits(fs *flag.FlagSet, limits *sandbox.Limits) {
+	fs.Var(sizeFlag{&limits.MemoryBytes}, "memory", "memory limit, e.g. 512MiB (default "+sandbox.FormatBytes(sandbox.DefaultLimits.MemoryBytes)+")")
+	fs.IntVar(&limits.Processes, "pids", 0, "most processes and threads inside the sandbox (default "+strconv.Itoa(sandbox.DefaultLimits.Processes)+")")
+	fs.Float64Var(&limits.CPUs, "cpus", 0, "CPU limit in cores, e.g. 0.5 (default "+strconv.FormatFloat(sandbox.DefaultLimits.CPUs, 'f', -1, 64)+")")
+	fs.Var(sizeFlag{&limits.OutputBytes}, "output-limit", "most bytes kept of stdout and of stderr, each; head and tail are kept (default "+sandbox.FormatBytes(sandbox.DefaultLimits.OutputBytes)+")")
+	fs.Var(sizeFlag{&limits.WorkspaceBytes}, "workspace-size", "size of /workspace (default "+sandbox.FormatBytes(sandbox.DefaultLimits.WorkspaceBytes)+")")
 }
 
 // exitCode maps a result to safe-run's exit code.

@@ -39,9 +39,14 @@ func (p *pool) checkpointer() Checkpointer {
 }
 
 // tag names what a warm sandbox of pl holds beyond its start spec: the
-// language and its preloads. The backend keys images by both.
-func (pl *poolLang) tag() string {
-	tag, _ := json.Marshal([]any{pl.lang.Name, pl.lang.Interpreter, pl.preload})
+// language, its preloads and the interpreter's environment. The backend
+// keys images by all of them.
+func (pl *poolLang) tag(env []string) string {
+	parts := []any{pl.lang.Name, pl.lang.Interpreter, pl.preload}
+	if len(env) > 0 { // no Env keeps the tags of images built before it existed
+		parts = append(parts, env)
+	}
+	tag, _ := json.Marshal(parts)
 	return string(tag)
 }
 
@@ -83,14 +88,14 @@ func (p *pool) checkpoint(pl *poolLang) string {
 // built: a warm sandbox started cold, then checkpointed (which ends it).
 func (p *pool) buildCheckpoint(c Checkpointer, pl *poolLang) (image string, built bool, err error) {
 	spec := p.e.spec(pl.job, false)
-	if image, err = c.FindCheckpoint(spec, pl.tag()); err != nil || image != "" {
+	if image, err = c.FindCheckpoint(spec, pl.tag(p.cfg.Env)); err != nil || image != "" {
 		return image, false, err
 	}
 	sp, err := p.startCold(pl)
 	if err != nil {
 		return "", false, err
 	}
-	image, ckptErr := c.Checkpoint(p.ctx, sp.sb, spec, pl.tag())
+	image, ckptErr := c.Checkpoint(p.ctx, sp.sb, spec, pl.tag(p.cfg.Env))
 	if err := sp.destroy(); err != nil {
 		sp.log.Error("clean up checkpointed sandbox", "err", err)
 	}

@@ -37,6 +37,10 @@ type PoolConfig struct {
 	// Otherwise refills restore the backend's checkpoint of a warm sandbox
 	// where it keeps one, and start cold where it does not.
 	OnDemand bool
+	// Env is the environment every pooled interpreter starts with (see
+	// sandbox.Job.Env): some of it, such as PYTHONHASHSEED, is fixed when an
+	// interpreter starts, so only jobs with this same Env are served.
+	Env []string
 }
 
 // DefaultPreload are the modules warm interpreters import by default.
@@ -135,7 +139,7 @@ func (p *pool) take(job sandbox.Job) *box {
 	defer p.mu.Unlock()
 	pl := p.langs[job.Language]
 	// A job that names an image of its own runs in a sandbox of that image.
-	if pl == nil || p.closed || !sameBundle(job.Limits, pl.job.Limits) || job.Image != pl.job.Image {
+	if pl == nil || p.closed || !sameBundle(job.Limits, pl.job.Limits) || job.Image != pl.job.Image || !slices.Equal(job.Env, p.cfg.Env) {
 		return nil
 	}
 	if p.cfg.OnDemand {
@@ -319,7 +323,7 @@ func (p *pool) warm(sp *box, pl *poolLang) error {
 	if !slices.Contains(agent.WarmInterpreters, pl.lang.Interpreter) {
 		return nil // the agent alone is up; the program starts with the run
 	}
-	req := agent.Request{Op: agent.OpWarm, Interpreter: pl.lang.Interpreter, Preload: pl.preload, Timeout: startTimeout}
+	req := agent.Request{Op: agent.OpWarm, Interpreter: pl.lang.Interpreter, Preload: pl.preload, Env: p.cfg.Env, Timeout: startTimeout}
 	return sp.call(p.ctx, req)
 }
 

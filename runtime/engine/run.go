@@ -168,6 +168,7 @@ func (e *Engine) request(job sandbox.Job, lang sandbox.Language) agent.Request {
 		Files:       append(files, agentFiles(job.Files)...),
 		Argv:        lang.Command,
 		Stdin:       job.Stdin,
+		Env:         job.Env,
 		Timeout:     job.Limits.Timeout,
 		OutputBytes: job.Limits.OutputBytes,
 		Collect:     e.collect(job),

@@ -358,7 +358,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 	p := s.proc
 	res := sandbox.Result{SandboxID: p.id(), ExitCode: -1}
 	req := agent.Request{
-		Op: agent.OpEval, Interpreter: s.lang.Interpreter, Code: job.Code, Stdin: job.Stdin,
+		Op: agent.OpEval, Interpreter: s.lang.Interpreter, Code: job.Code, Stdin: job.Stdin, Env: job.Env,
 		Files: agentFiles(job.Files), Timeout: job.Limits.Timeout, OutputBytes: job.Limits.OutputBytes,
 		Collect: e.collect(job),
 	}
