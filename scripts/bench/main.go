@@ -23,7 +23,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -301,31 +300,11 @@ func run(o options) (*Report, error) {
 
 // throughput runs n calls of f with c at a time and returns calls per second.
 func throughput(n, c int, f func() error) (float64, error) {
-	var wg sync.WaitGroup
-	jobs := make(chan struct{}, n)
-	for range n {
-		jobs <- struct{}{}
-	}
-	close(jobs)
-	errs := make(chan error, n)
-	start := time.Now()
-	for range c {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range jobs {
-				if err := f(); err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	d, err := wall(n, c, func(int) error { return f() })
+	if err != nil {
 		return 0, err
 	}
-	return math.Round(float64(n)/time.Since(start).Seconds()*10) / 10, nil
+	return math.Round(float64(n)/d.Seconds()*10) / 10, nil
 }
 
 func targets(rep *Report) []Target {
