@@ -11,7 +11,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 soak vet bench fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 soak vet bench bench-check fuzz clean
 
 # Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
 # looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
@@ -74,6 +74,11 @@ test: deps build runsc rootfs vet
 # MCP with the pool off and on); rewrites the README's benchmark table.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
+
+# 100 print(i) blocks: `safe-run check -j 2` against 100 `safe-run run` calls,
+# in one run; rewrites the README's bench-check table.
+bench-check: deps build runsc rootfs
+	$(GO) run ./scripts/bench -check -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # Each fuzz target for FUZZTIME, e.g. `make fuzz FUZZTIME=5m`. The seed
 # corpora are in each package's testdata/fuzz/; an input that fails is added

@@ -117,7 +117,7 @@ func ProbeEnvironment(ctx context.Context, runner sandbox.Runner) Environment {
 
 // notablePackages are named in the tool description when installed; the
 // environment resource lists every package.
-var notablePackages = []string{"numpy", "pandas", "matplotlib", "scipy", "sympy", "scikit-learn", "pillow", "requests"}
+var notablePackages = []string{"numpy", "pandas", "matplotlib", "pytest", "scipy", "sympy", "scikit-learn", "pillow", "requests"}
 
 // describeLanguages renders the languages for the tool description, e.g.
 // "python (Python 3.11.2 with numpy 1.24.2, pandas 1.5.3; standard library)".

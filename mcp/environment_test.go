@@ -27,9 +27,9 @@ func TestDescribeLanguages(t *testing.T) {
 		{
 			name: "python with every notable package",
 			langs: []LanguageInfo{{Name: "python", Version: "3.12.1", Packages: map[string]string{
-				"numpy": "1", "pandas": "2", "matplotlib": "3", "scipy": "4", "sympy": "5", "scikit-learn": "6", "pillow": "7", "requests": "8",
+				"numpy": "1", "pandas": "2", "matplotlib": "3", "scipy": "4", "sympy": "5", "scikit-learn": "6", "pillow": "7", "requests": "8", "pytest": "9",
 			}}},
-			want: "python (Python 3.12.1 with matplotlib 3, numpy 1, pandas 2, pillow 7, requests 8, scikit-learn 6, scipy 4, sympy 5, and the standard library)",
+			want: "python (Python 3.12.1 with matplotlib 3, numpy 1, pandas 2, pillow 7, pytest 9, requests 8, scikit-learn 6, scipy 4, sympy 5, and the standard library)",
 		},
 		{
 			name:  "python without notable packages",

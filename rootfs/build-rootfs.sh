@@ -18,7 +18,7 @@ set -euo pipefail
 
 SUITE=bookworm
 # bash and coreutils come with minbase. matplotlib pulls in its fonts.
-PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib nodejs)
+PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pytest nodejs)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)

@@ -23,7 +23,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,6 +57,8 @@ func main() {
 	flag.IntVar(&o.throughputRuns, "throughput-runs", 24, "runs per throughput measurement")
 	flag.StringVar(&o.out, "out", "scripts/bench/results", "directory for latest.md and latest.json")
 	flag.StringVar(&o.readme, "readme", "README.md", "README whose benchmark section is replaced (empty: leave it)")
+	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
+	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench: ")
@@ -70,6 +71,10 @@ func main() {
 			log.Fatal(err)
 		}
 		*p = abs
+	}
+	if *check {
+		checkMain(o, *checkReps)
+		return
 	}
 	rep, err := run(o)
 	if err != nil {
@@ -295,31 +300,11 @@ func run(o options) (*Report, error) {
 
 // throughput runs n calls of f with c at a time and returns calls per second.
 func throughput(n, c int, f func() error) (float64, error) {
-	var wg sync.WaitGroup
-	jobs := make(chan struct{}, n)
-	for range n {
-		jobs <- struct{}{}
-	}
-	close(jobs)
-	errs := make(chan error, n)
-	start := time.Now()
-	for range c {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range jobs {
-				if err := f(); err != nil {
-					errs <- err
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	d, err := wall(n, c, func(int) error { return f() })
+	if err != nil {
 		return 0, err
 	}
-	return math.Round(float64(n)/time.Since(start).Seconds()*10) / 10, nil
+	return math.Round(float64(n)/d.Seconds()*10) / 10, nil
 }
 
 func targets(rep *Report) []Target {
@@ -400,8 +385,12 @@ func (rep *Report) markdown() string {
 }
 
 // replaceSection puts table between the benchmark markers of the README.
-func replaceSection(readme, table string) error {
-	const begin, end = "<!-- bench:begin -->\n", "<!-- bench:end -->"
+func replaceSection(readme, table string) error { return replaceMarked(readme, "bench", table) }
+
+// replaceMarked puts table between the README's <!-- NAME:begin --> and
+// <!-- NAME:end --> markers.
+func replaceMarked(readme, name, table string) error {
+	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
 	data, err := os.ReadFile(readme)
 	if err != nil {
 		return err
