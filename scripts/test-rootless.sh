@@ -40,8 +40,16 @@ work=$(mktemp -d /tmp/safe-run-rootless.XXXXXX)
 trap "rm -rf '$work'" EXIT
 chmod 755 "$work"
 make --no-print-directory install PREFIX="$work" >/dev/null
+# Each test binary runs, as `go test` runs it, in a directory of its own
+# holding a copy of its package's testdata (the user's to write in).
 for pkg in runtime/gvisor cmd/safe-run; do
-	"$GO" test -c -o "$work/$(basename "$pkg").test" "./$pkg"
+	t=$(basename "$pkg")
+	"$GO" test -c -o "$work/$t.test" "./$pkg"
+	mkdir -p "$work/pkg-$t"
+	if [[ -d $pkg/testdata ]]; then
+		cp -r "$pkg/testdata" "$work/pkg-$t/"
+	fi
+	chown -R "$USER_ID:$USER_ID" "$work/pkg-$t"
 done
 mkdir -p "$work/home" "$work/run"
 chown "$USER_ID:$USER_ID" "$work/home" "$work/run"
@@ -60,7 +68,7 @@ echo "== as uid $USER_ID: safe-run doctor"
 status=0
 for t in gvisor safe-run; do
 	echo "== as uid $USER_ID: $t tests"
-	(cd "$work/home" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
+	(cd "$work/pkg-$t" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
 		"$@") || status=1
 done
 # Independent MCP clients against the user's server, as `make test` runs them
