@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 // Language says how to run code of one language inside the image.
@@ -54,6 +56,27 @@ type Policy struct {
 	// Images are the images a job may ask for by Job.Image, besides its
 	// language's own.
 	Images []string
+	// Network is what jobs may ask to reach (Job.Network selects from it);
+	// the zero Allowlist gives no job a network.
+	Network egress.Allowlist
+	// NetworkLimits cap each networked sandbox; zero fields take egress's
+	// defaults.
+	NetworkLimits egress.Limits
+	// Packages are what jobs may ask to install (Job.Packages): names,
+	// names with a version specifier, or "*".
+	Packages []string
+	// PackageIndex names the indexes installs use instead of the public
+	// ones, e.g. a mirror reached through a pinned entry.
+	PackageIndex PackageIndex
+}
+
+// PackageIndex names the package indexes of installs; empty fields mean
+// the public ones (the pypi and npm presets).
+type PackageIndex struct {
+	// PipIndexURL is pip's index (PIP_INDEX_URL), e.g. https://mirror.corp/simple.
+	PipIndexURL string `json:"pip_index_url,omitempty"`
+	// NPMRegistry is npm's registry (npm_config_registry).
+	NPMRegistry string `json:"npm_registry,omitempty"`
 }
 
 // OutputFileLimits bound the files a run returns.

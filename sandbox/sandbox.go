@@ -12,6 +12,8 @@ package sandbox
 import (
 	"context"
 	"io"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 // Runner runs jobs in sandboxes. Implementations are safe for concurrent use.
@@ -49,6 +51,15 @@ type Job struct {
 	// OutputDir, if set, is a directory of the workspace (e.g. "out") whose
 	// files come back in Result.Files, within the policy's output file caps.
 	OutputDir string
+	// Network lists what the job may reach: allowlist entries and presets
+	// (see package egress), each within the policy's Network. Empty means
+	// no network at all. Policy.Check replaces it with the canonical
+	// entries of the policy's list that it selects.
+	Network []string
+	// Packages are installed into the sandbox before the code runs, e.g.
+	// "requests==2.32.3"; each must be allowed by Policy.Packages, and the
+	// job's network must reach the language's package index.
+	Packages []string
 
 	// Stdout and Stderr, when set, receive the program's output while it
 	// runs, capped exactly as the Result's copy is. They are for live
@@ -130,6 +141,8 @@ type Result struct {
 	// Cached says the result is an earlier run's, of an identical job (see
 	// ResultCache); nothing ran for this call.
 	Cached bool `json:"cached,omitempty"`
+	// Network is what the run's network saw; nil for a run without one.
+	Network *egress.Report `json:"network,omitempty"`
 }
 
 // OutputFile is a file the program left in the job's OutputDir.
