@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -111,6 +112,18 @@ type PoolMarker interface {
 	// MarkPooled marks the sandbox as waiting in language's pool, or, for
 	// "", as taken from it.
 	MarkPooled(language string)
+}
+
+// NetworkReporter is the optional capability of a Sandbox started with a
+// network (StartSpec.Job.Network not empty): it hands over what the host
+// decided for the sandbox's DNS questions and connections.
+type NetworkReporter interface {
+	// TakeNetwork returns the records since the previous call (records of
+	// connections still open carry Open and their bytes so far) and
+	// forgets them; final makes it end the sandbox's network first, so
+	// that every connection's last record is in. Report.Failure says the
+	// network died.
+	TakeNetwork(final bool) egress.Report
 }
 
 // ErrNoCheckpoints is returned by a Checkpointer that keeps no checkpoints.
