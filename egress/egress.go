@@ -137,3 +137,28 @@ type HelperConfig struct {
 	// HostAddrs are the host's own addresses, always blocked.
 	HostAddrs []netip.Addr `json:"host_addrs,omitempty"`
 }
+
+// HelperEvent is one line the network helper writes on its event stream
+// (fd 4), as JSON.
+type HelperEvent struct {
+	// Ready says the stack is up: the sandbox may start.
+	Ready bool `json:"ready,omitempty"`
+	// Conn is a record (see Connection): a denial, a connection opened, or
+	// its close with the final byte counts.
+	Conn *Connection `json:"conn,omitempty"`
+	// Error is why the helper is giving up; it exits next.
+	Error string `json:"error,omitempty"`
+}
+
+// The addresses of a sandbox's link, the same in every sandbox (each has
+// a network namespace of its own): the sandbox at SandboxAddr, the helper
+// at GatewayAddr, answering DNS there and routing everything else; names
+// are handed out addresses from SyntheticPrefix, which the helper maps
+// back to the names. All are in 198.18.0.0/15, which RFC 2544 reserves
+// for benchmarks: no real destination has them.
+var (
+	GatewayAddr     = netip.MustParseAddr("198.18.0.1")
+	SandboxAddr     = netip.MustParseAddr("198.18.0.2")
+	LinkPrefixLen   = 24
+	SyntheticPrefix = netip.MustParsePrefix("198.19.0.0/16")
+)

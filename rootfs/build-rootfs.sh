@@ -17,8 +17,10 @@
 set -euo pipefail
 
 SUITE=bookworm
-# bash and coreutils come with minbase. matplotlib pulls in its fonts.
-PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pytest nodejs)
+# bash and coreutils come with minbase. matplotlib pulls in its fonts. pip, npm,
+# curl, requests and the CA store are for runs with a network (see docs/network.md).
+PACKAGES=(python3 python3-numpy python3-pandas python3-matplotlib python3-pytest nodejs
+	python3-pip python3-requests npm curl ca-certificates)
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 key=$(sha256sum "${BASH_SOURCE[0]}" | cut -c1-16)
