@@ -8,12 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/safe-run/safe-run/egress"
+	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -63,6 +65,19 @@ func standInHelperMain() {
 // 65534 can run, and returns its path and the mark of its processes.
 func standInHelper(t *testing.T) (path, mark string) {
 	t.Helper()
+	path, mark = standInHelperB(t)
+	// Registered before the runtime's cleanup, so it runs after it.
+	t.Cleanup(func() {
+		if pids := processesNaming([]byte(mark)); len(pids) > 0 {
+			t.Errorf("network helpers left running: %v", pids)
+		}
+	})
+	return path, mark
+}
+
+// standInHelperB is standInHelper without the check for leftovers.
+func standInHelperB(t testing.TB) (path, mark string) {
+	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
@@ -81,12 +96,6 @@ func standInHelper(t *testing.T) (path, mark string) {
 	if err := os.WriteFile(bin, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	// Registered before the runtime's cleanup, so it runs after it.
-	t.Cleanup(func() {
-		if pids := processesNaming([]byte(bin)); len(pids) > 0 {
-			t.Errorf("network helpers left running: %v", pids)
-		}
-	})
 	path = filepath.Join(dir, "safe-run-net")
 	script := "#!/bin/sh\n" + standInEnv + "=1 exec " + bin + " \"$@\"\n"
 	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
@@ -290,4 +299,57 @@ func TestNetworkReapAfterCrash(t *testing.T) {
 	}
 	rt2.Close()
 	assertNothingLeft(t, rt2, nil)
+}
+
+// BenchmarkNetworkStart runs `pass` without a network and with each link,
+// interleaved so that the host's load falls on all alike, and reports
+// each one's median run time (p50_ms).
+func BenchmarkNetworkStart(b *testing.B) {
+	helper, _ := standInHelperB(b)
+	kinds := []string{"none", LinkTap, LinkVeth}
+	if f, err := openTun(); err != nil {
+		kinds = []string{"none", LinkVeth}
+	} else {
+		f.Close()
+	}
+	img, err := rootfs.Store{}.Lookup(rootfs.DefaultName)
+	if err != nil {
+		b.Skipf("needs the default image: %v", err)
+	}
+	rts := map[string]*testRuntime{}
+	for _, k := range kinds {
+		link := k
+		if k == "none" {
+			link = ""
+		}
+		rt, err := startStack(testConfig{Config: Config{Runsc: os.Getenv("SAFE_RUN_RUNSC"), Agent: os.Getenv("SAFE_RUN_AGENT"),
+			Rootfs: img.Root, StateDir: filepath.Join(b.TempDir(), "state"), NetHelper: helper, NetLink: link}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer rt.Close()
+		rts[k] = rt
+	}
+	times := map[string][]time.Duration{}
+	b.ResetTimer()
+	for range b.N {
+		for _, k := range kinds {
+			job := sandbox.Job{Language: "python", Code: "pass"}
+			if k != "none" {
+				job.Network = []string{"example.test"}
+			}
+			start := time.Now()
+			res, err := rts[k].Run(context.Background(), job)
+			if err != nil || res.Status != sandbox.StatusOK {
+				b.Fatalf("%s: %v %s %s", k, err, res.Status, res.Message)
+			}
+			times[k] = append(times[k], time.Since(start))
+		}
+	}
+	b.StopTimer()
+	for _, k := range kinds {
+		d := times[k]
+		slices.Sort(d)
+		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, k+"_p50_ms")
+	}
 }
