@@ -576,10 +576,37 @@ func (a Allowlist) narrowOne(r Entry) []Entry {
 			if strings.HasPrefix(e.Host, "*.") && (e.Host == r.Host || e.covers(strings.TrimPrefix(r.Host, "*."))) {
 				got = append(got, Entry{Host: r.Host, Ports: ports})
 			}
-		default:
-			if e.covers(r.Host) {
-				got = append(got, Entry{Host: r.Host, Pin: e.Pin, Ports: ports})
+		}
+	}
+	if strings.HasPrefix(r.Host, "*.") && len(got) > 0 {
+		// The names pinned below an allowed wildcard stay pinned.
+		for _, e := range a.Entries {
+			if _, ok := narrowPorts(e, r); ok && e.Pin.IsValid() && r.covers(e.Host) {
+				got = append(got, e)
 			}
+		}
+	}
+	if r.Pin.IsValid() || r.Prefix.IsValid() || strings.HasPrefix(r.Host, "*.") {
+		return got
+	}
+	// A host name: each port goes where Match would send it, an entry
+	// naming the host before a wildcard covering it.
+	var claimed []uint16
+	for _, exact := range []bool{true, false} {
+		for _, e := range a.Entries {
+			if e.Host == "" || strings.HasPrefix(e.Host, "*.") == exact || !e.covers(r.Host) {
+				continue
+			}
+			ports, ok := narrowPorts(e, r)
+			if !ok {
+				continue
+			}
+			free := slices.DeleteFunc(slices.Clone(portsOf(ports)), func(p uint16) bool { return slices.Contains(claimed, p) })
+			if len(free) == 0 {
+				continue
+			}
+			claimed = append(claimed, free...)
+			got = append(got, Entry{Host: r.Host, Pin: e.Pin, Ports: joinPorts(free, free)})
 		}
 	}
 	return got
