@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -351,5 +354,134 @@ func BenchmarkNetworkStart(b *testing.B) {
 		d := times[k]
 		slices.Sort(d)
 		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, k+"_p50_ms")
+	}
+}
+
+// realHelper is the network helper the integration tests use
+// ($SAFE_RUN_NET_HELPER, as make's TEST_ENV sets it).
+func realHelper(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("SAFE_RUN_NET_HELPER")
+	if path == "" {
+		if os.Getenv("SAFE_RUN_INTEGRATION") == "1" {
+			t.Fatal("SAFE_RUN_NET_HELPER is not set")
+		}
+		t.Skip("integration test needs the network helper (run `make test`)")
+	}
+	t.Cleanup(func() {
+		if pids := processesNaming([]byte(path)); len(pids) > 0 {
+			t.Errorf("network helpers left running: %v", pids)
+		}
+	})
+	return path
+}
+
+// TestNetworkReachesPinnedServer: Python in a networked sandbox reaches a
+// server on the host's loopback through a pinned entry, over each link,
+// and the helper's decisions come back in the report; the same server's
+// address itself, and another name, stay out of reach.
+func TestNetworkReachesPinnedServer(t *testing.T) {
+	helper := realHelper(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s", r.Host)
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	code := fmt.Sprintf(`
+import socket, urllib.request
+print(urllib.request.urlopen("http://srv.test:%[1]d/", timeout=10).read().decode())
+for host in ("127.0.0.1", "other.test"):
+    try:
+        socket.create_connection((host, %[1]d), timeout=5)
+        print(host, "reached")
+    except OSError as e:
+        print(host, "refused:", type(e).__name__)
+`, port)
+	for _, link := range []string{LinkTap, LinkVeth} {
+		t.Run(link, func(t *testing.T) {
+			if link == LinkTap {
+				f, err := openTun()
+				if err != nil {
+					t.Skipf("this user cannot open /dev/net/tun (%v): TestNetworkedSandbox checks that a TAP is refused", err)
+				}
+				f.Close()
+			}
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetLink = helper, link })
+			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+			wantStatus(t, res, sandbox.StatusOK)
+			want := fmt.Sprintf("hello from srv.test:%d\n127.0.0.1 refused: ", port)
+			if !strings.HasPrefix(res.Stdout, want) || !strings.Contains(res.Stdout, "other.test refused: ") {
+				t.Errorf("stdout = %q, want it to start %q and other.test refused", res.Stdout, want)
+			}
+			if res.Network == nil {
+				t.Fatalf("no network report; message %q", res.Message)
+			}
+			var allowed, denied int
+			for _, c := range res.Network.Connections {
+				switch {
+				case c.Decision == egress.Allowed && c.Kind == egress.KindTCP && c.Name == "srv.test":
+					allowed++
+					if c.Open || c.BytesIn == 0 {
+						t.Errorf("final record of the allowed connection: %+v, want closed with bytes", c)
+					}
+				case c.Decision == egress.Denied:
+					denied++
+				}
+			}
+			if allowed != 1 || denied == 0 || res.Network.Failure != "" {
+				t.Errorf("report = %+v, want one allowed connection to srv.test and denials", *res.Network)
+			}
+			if !strings.Contains(res.Message, "network: denied") {
+				t.Errorf("message lacks the denials: %q", res.Message)
+			}
+		})
+	}
+}
+
+// TestNetworkRealHelperKilled: killing the real helper mid-run leaves the
+// sandbox without network, and the run ends with its own status and the
+// failure reported.
+func TestNetworkRealHelperKilled(t *testing.T) {
+	helper := realHelper(t)
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper })
+	served := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+		select {
+		case served <- struct{}{}:
+		default:
+		}
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	code := fmt.Sprintf(`
+import time, urllib.request
+print(urllib.request.urlopen("http://srv.test:%d/", timeout=10).read().decode())
+time.sleep(5)
+try:
+    urllib.request.urlopen("http://srv.test:%d/", timeout=3)
+    print("reached after the kill")
+except OSError as e:
+    print("after the kill:", type(e).__name__)
+`, port, port)
+	go func() {
+		// Killed while the program sleeps after its first request.
+		select {
+		case <-served:
+		case <-time.After(time.Minute):
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+		for _, pid := range processesNaming([]byte(helper)) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}()
+	res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+	wantStatus(t, res, sandbox.StatusOK)
+	if !strings.HasPrefix(res.Stdout, "ok\n") || !strings.Contains(res.Stdout, "after the kill: ") {
+		t.Errorf("stdout = %q, want the first request through and the second failing", res.Stdout)
+	}
+	if res.Network == nil || !strings.Contains(res.Network.Failure, "exited during the run") {
+		t.Errorf("report = %+v, want a failure saying the helper died", res.Network)
 	}
 }
