@@ -466,7 +466,9 @@ try:
 except OSError as e:
     print("after the kill:", type(e).__name__)
 `, port, port)
+	uids := make(chan string, 1)
 	go func() {
+		defer close(uids)
 		// Killed while the program sleeps after its first request.
 		select {
 		case <-served:
@@ -475,6 +477,12 @@ except OSError as e:
 		}
 		time.Sleep(500 * time.Millisecond)
 		for _, pid := range processesNaming([]byte(helper)) {
+			status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			for _, line := range strings.Split(string(status), "\n") {
+				if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+					uids <- strings.Fields(rest)[0]
+				}
+			}
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}()
@@ -485,5 +493,13 @@ except OSError as e:
 	}
 	if res.Network == nil || !strings.Contains(res.Network.Failure, "exited during the run") {
 		t.Errorf("report = %+v, want a failure saying the helper died", res.Network)
+	}
+	// Host root starts the helper as nobody; a user, as itself.
+	want := "65534"
+	if !HostRoot() {
+		want = "0" // root of safe-run's user namespace, the user on the host
+	}
+	if uid := <-uids; uid != want {
+		t.Errorf("the helper ran as uid %q, want %s", uid, want)
 	}
 }
