@@ -69,13 +69,19 @@ func standInHelperMain() {
 func standInHelper(t *testing.T) (path, mark string) {
 	t.Helper()
 	path, mark = standInHelperB(t)
-	// Registered before the runtime's cleanup, so it runs after it.
+	checkNoHelperLeft(t, mark)
+	return path, mark
+}
+
+// checkNoHelperLeft fails t if, when the test ends, a process still names
+// mark. Called before the runtime is made, its cleanup runs after the
+// runtime's.
+func checkNoHelperLeft(t *testing.T, mark string) {
 	t.Cleanup(func() {
 		if pids := processesNaming([]byte(mark)); len(pids) > 0 {
 			t.Errorf("network helpers left running: %v", pids)
 		}
 	})
-	return path, mark
 }
 
 // standInHelperB is standInHelper without the check for leftovers.
@@ -374,11 +380,7 @@ func realHelper(t *testing.T) string {
 		}
 		t.Skip("integration test needs the network helper (run `make test`)")
 	}
-	t.Cleanup(func() {
-		if pids := processesNaming([]byte(path)); len(pids) > 0 {
-			t.Errorf("network helpers left running: %v", pids)
-		}
-	})
+	checkNoHelperLeft(t, path)
 	return path
 }
 
