@@ -509,3 +509,56 @@ except OSError as e:
 		t.Errorf("the helper ran as uid %q, want %s", uid, want)
 	}
 }
+
+// TestNetworkHelperBroken: a helper that fails before it is ready fails
+// the sandbox's start with the reason, and leaves nothing.
+func TestNetworkHelperBroken(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exits := filepath.Join(dir, "exits")
+	if err := os.WriteFile(exits, []byte("#!/bin/sh\necho broken >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	failing := filepath.Join(dir, "fails")
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\necho '{\"error\":\"no stack today\"}' >&4\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, helper, want string }{
+		{"missing", filepath.Join(dir, "nonexistent"), "start network helper"},
+		{"exits", exits, "exited before it was ready (exit status 3)"},
+		{"says why", failing, "no stack today"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = tc.helper })
+			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: "print(1)", Network: []string{"example.test"}})
+			wantStatus(t, res, sandbox.StatusSandboxError)
+			if !strings.Contains(res.Message, tc.want) {
+				t.Errorf("message = %q, want it to contain %q", res.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestChooseLink(t *testing.T) {
+	auto := LinkVeth
+	if f, err := openTun(); err == nil {
+		f.Close()
+		auto = LinkTap
+	}
+	for _, tc := range []struct{ in, want, err string }{
+		{"", auto, ""},
+		{"auto", auto, ""},
+		{"tap", LinkTap, ""},
+		{"veth", LinkVeth, ""},
+		{"wifi", "", `network link "wifi" is not one of auto, tap, veth`},
+	} {
+		got, err := chooseLink(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
+			t.Errorf("chooseLink(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
