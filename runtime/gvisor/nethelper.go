@@ -250,6 +250,10 @@ func (p *sandboxProc) setUpNetwork(rootfs string, allow []string, limits egress.
 	if err != nil {
 		return nil, err
 	}
+	// The root is read-only: the file bound over must exist.
+	if _, err := os.Stat(filepath.Join(rootfs, bundle.ResolvConfPath)); err != nil {
+		return nil, fmt.Errorf("the image has no %s to point the sandbox's resolver at the host (%v); add the file to the image", bundle.ResolvConfPath, err)
+	}
 	bn := &bundle.Network{ResolvConf: filepath.Join(p.dir, "resolv.conf")}
 	if err := os.WriteFile(bn.ResolvConf, []byte(resolvConf), 0o644); err != nil {
 		return nil, fmt.Errorf("write resolv.conf: %w", err)
