@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime/engine"
@@ -560,5 +561,32 @@ func TestChooseLink(t *testing.T) {
 		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
 			t.Errorf("chooseLink(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
 		}
+	}
+}
+
+// TestNetworkCA: a networked sandbox trusts the image's CAs and the
+// operator's extra ones, through the system bundle and Node's variable;
+// curl, which reads the bundle, reaches the pinned server.
+func TestNetworkCA(t *testing.T) {
+	helper := realHelper(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "curl ok") }))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	extra := filepath.Join(t.TempDir(), "extra.pem")
+	const marker = "# the operator's test CA"
+	if err := os.WriteFile(extra, []byte(marker+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetworkCA = helper, extra })
+	image, err := os.ReadFile(filepath.Join(rt.cfg.Rootfs, bundle.CABundlePath))
+	if err != nil {
+		t.Fatalf("the default image has no CA bundle: %v", err)
+	}
+	code := fmt.Sprintf(`echo "$NODE_EXTRA_CA_CERTS"; wc -c < /etc/ssl/certs/ca-certificates.crt; tail -n 1 /etc/ssl/certs/ca-certificates.crt; curl -sS http://srv.test:%d/`, port)
+	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+	wantStatus(t, res, sandbox.StatusOK)
+	want := fmt.Sprintf("%s\n%d\n%s\ncurl ok", bundle.CABundlePath, len(image)+1+len(marker)+1, marker)
+	if res.Stdout != want {
+		t.Errorf("stdout = %q, want %q", res.Stdout, want)
 	}
 }
