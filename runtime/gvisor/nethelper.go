@@ -90,14 +90,15 @@ func (g *Backend) startNetHelper(n *sandboxNet, allow []string, limits egress.Li
 	n.file = nil
 	ready := make(chan error, 1)
 	go h.readEvents(eventsR, ready)
-	if _, err := stdinW.Write(append(conf, '\n')); err != nil {
-		h.kill()
-		return nil, fmt.Errorf("configure network helper: %w", err)
-	}
+	_, werr := stdinW.Write(append(conf, '\n'))
 	select {
 	case err = <-ready:
 	case <-time.After(helperReadyTimeout):
 		err = fmt.Errorf("the network helper was not ready after %s", helperReadyTimeout)
+	}
+	if werr != nil && err == nil {
+		// Its input closed, and yet ready: it cannot be told to finish.
+		err = fmt.Errorf("configure network helper: %w", werr)
 	}
 	if err != nil {
 		h.kill()
