@@ -245,6 +245,11 @@ func NetworkCheck(cfg Config) (link string, err error) {
 	if err := checkExecutable(helper, ErrNetHelper); err != nil {
 		return link, fmt.Errorf("%w; build it with make build, or name it with the network helper setting", err)
 	}
+	if HostRoot() {
+		if err := othersCanExec(helper); err != nil {
+			return link, partError(ErrNetHelper, "host root runs the network helper as nobody (uid 65534), who cannot run %s: %v; install it where every user may run it (e.g. /usr/local/libexec/safe-run/)", helper, err)
+		}
+	}
 	dir, err := os.MkdirTemp("", "safe-run-netcheck-")
 	if err != nil {
 		return link, fmt.Errorf("network check: %w", err)
@@ -256,6 +261,30 @@ func NetworkCheck(cfg Config) (link string, err error) {
 	}
 	n.remove()
 	return link, nil
+}
+
+// othersCanExec reports whether a user who owns none of path's
+// directories can run it: every directory searchable, the file executable.
+func othersCanExec(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if fi.Mode().Perm()&0o001 == 0 {
+		return fmt.Errorf("%s is not executable by others (mode %v)", path, fi.Mode().Perm())
+	}
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return fmt.Errorf("directory %s is not searchable by others (mode %v)", dir, fi.Mode().Perm())
+		}
+		if dir == "/" {
+			return nil
+		}
+	}
 }
 
 // networkFix says how to make networked sandboxes work after err.

@@ -590,3 +590,41 @@ func TestNetworkCA(t *testing.T) {
 		t.Errorf("stdout = %q, want %q", res.Stdout, want)
 	}
 }
+
+func TestOthersCanExec(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	open, closed := filepath.Join(dir, "open"), filepath.Join(dir, "closed")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		mode os.FileMode
+		ok   bool
+	}{
+		{filepath.Join(open, "x"), 0o755, false}, // dir, the temp dir, is 0700
+		{closed, 0o700, false},
+	} {
+		if err := os.WriteFile(tc.path, []byte("#!/bin/sh\n"), tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := othersCanExec(tc.path); (err == nil) != tc.ok {
+			t.Errorf("othersCanExec(%s) = %v, want ok %v", tc.path, err, tc.ok)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := othersCanExec(filepath.Join(open, "x")); err != nil {
+		t.Errorf("othersCanExec of a 0755 file below 0755 directories: %v", err)
+	}
+	if err := othersCanExec(closed); err == nil {
+		t.Error("othersCanExec of a 0700 file: ok")
+	}
+}
