@@ -11,6 +11,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -124,4 +126,14 @@ func (c *Client) Dial(addr netip.Addr, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	return gonet.DialContextTCP(ctx, c.S, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(addr.As4()), Port: port}, ipv4.ProtocolNumber)
+}
+
+// ReportLatency reports the median and 99th percentile of took.
+func ReportLatency(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
 }
