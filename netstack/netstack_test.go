@@ -11,7 +11,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,8 +25,7 @@ import (
 type sandbox struct {
 	*netstacktest.Client
 	helper  *Stack
-	mu      sync.Mutex
-	records []egress.Connection
+	records netstacktest.Seen[egress.Connection]
 }
 
 func newSandbox(t testing.TB, allow []string, limits egress.Limits, resolve Resolver) *sandbox {
@@ -49,11 +47,7 @@ func newSandbox(t testing.TB, allow []string, limits egress.Limits, resolve Reso
 	sb.helper, err = New(ep, Config{
 		Allow: a, Limits: limits, MTU: 1500, Gateway: egress.GatewayAddr, PrefixLen: egress.LinkPrefixLen,
 		Resolve: resolve,
-		Record: func(c egress.Connection) {
-			sb.mu.Lock()
-			sb.records = append(sb.records, c)
-			sb.mu.Unlock()
-		},
+		Record:  sb.records.Add,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -96,20 +90,7 @@ func get(c net.Conn, host string) (string, error) {
 // record after the connection is done).
 func (sb *sandbox) waitRecord(t testing.TB, want func(egress.Connection) bool) egress.Connection {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		sb.mu.Lock()
-		for _, r := range sb.records {
-			if want(r) {
-				sb.mu.Unlock()
-				return r
-			}
-		}
-		sb.mu.Unlock()
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	t.Fatalf("no matching record among %+v", sb.records)
-	return egress.Connection{}
+	return sb.records.Wait(t, "matching record", want)
 }
 
 func upstream(t testing.TB) (plain, tlsSrv *httptest.Server) {

@@ -93,10 +93,9 @@ type helper struct {
 	stderr bytes.Buffer
 	client *netstacktest.Client
 	done   chan struct{} // the event stream ended
+	events netstacktest.Seen[egress.HelperEvent]
 
-	mu      sync.Mutex
-	events  []egress.HelperEvent
-	badLine error
+	badLine error // the first event line that was no HelperEvent; read after done
 }
 
 func startHelper(tb testing.TB, bin string, allow []string, limits egress.Limits) *helper {
@@ -132,17 +131,14 @@ func startHelper(tb testing.TB, bin string, allow []string, limits egress.Limits
 		sc := bufio.NewScanner(evR)
 		for sc.Scan() {
 			var ev egress.HelperEvent
-			err := json.Unmarshal(sc.Bytes(), &ev)
-			h.mu.Lock()
-			if err != nil && h.badLine == nil {
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil && h.badLine == nil {
 				h.badLine = fmt.Errorf("event line %q: %v", sc.Bytes(), err)
 			}
-			h.events = append(h.events, ev)
-			h.mu.Unlock()
+			h.events.Add(ev)
 		}
 	}()
-	h.wait(tb, "ready", func(ev egress.HelperEvent) bool { return ev.Ready })
-	if first := h.event(0); !first.Ready {
+	h.events.Wait(tb, "ready event", func(ev egress.HelperEvent) bool { return ev.Ready }, &h.stderr)
+	if first := h.events.All()[0]; !first.Ready {
 		tb.Fatalf("first event %+v; want ready", first)
 	}
 	if h.client, err = netstacktest.NewClient(fds[1]); err != nil {
@@ -152,34 +148,10 @@ func startHelper(tb testing.TB, bin string, allow []string, limits egress.Limits
 	return h
 }
 
-func (h *helper) event(i int) egress.HelperEvent {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.events[i]
-}
-
-// wait waits for an event matching ok.
-func (h *helper) wait(tb testing.TB, what string, ok func(egress.HelperEvent) bool) {
-	tb.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		h.mu.Lock()
-		for _, ev := range h.events {
-			if ok(ev) {
-				h.mu.Unlock()
-				return
-			}
-		}
-		h.mu.Unlock()
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	tb.Fatalf("no %s event among %+v\n%s", what, h.events, h.stderr.String())
-}
-
 // record waits for a connection record matching ok.
 func (h *helper) record(tb testing.TB, what string, ok func(egress.Connection) bool) {
 	tb.Helper()
-	h.wait(tb, what, func(ev egress.HelperEvent) bool { return ev.Conn != nil && ok(*ev.Conn) })
+	h.events.Wait(tb, what+" record", func(ev egress.HelperEvent) bool { return ev.Conn != nil && ok(*ev.Conn) }, &h.stderr)
 }
 
 // finish closes stdin and waits for the exit.
