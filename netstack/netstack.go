@@ -75,8 +75,6 @@ type Config struct {
 	Allow egress.Allowlist
 	// Limits cap the sandbox's network; zero fields take the defaults.
 	Limits egress.Limits
-	// MTU is the link's MTU.
-	MTU uint32
 	// Gateway is the helper's address on the link, PrefixLen its subnet's.
 	Gateway   netip.Addr
 	PrefixLen int

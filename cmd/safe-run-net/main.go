@@ -118,7 +118,7 @@ func run(stdin io.Reader, ev *events, log *slog.Logger) error {
 		return fmt.Errorf("open the link on fd %d: %w", linkFD, err)
 	}
 	st, err := netstack.New(ep, netstack.Config{
-		Allow: allow, Limits: cfg.Limits, MTU: uint32(cfg.MTU),
+		Allow: allow, Limits: cfg.Limits,
 		Gateway: cfg.Gateway, PrefixLen: cfg.PrefixLen, HostAddrs: cfg.HostAddrs,
 		Record: func(c egress.Connection) { ev.emit(egress.HelperEvent{Conn: &c}) },
 		Log:    log,
