@@ -25,6 +25,9 @@ func TestNormalizeName(t *testing.T) {
 		{"bücher。de", "xn--bcher-kva.de", ""}, // an ideographic full stop is a dot
 		{"a-b.example", "a-b.example", ""},
 		{long63 + ".example", long63 + ".example", ""},
+		{"bücher.de.", "xn--bcher-kva.de", ""},
+		{"bücher.de..", "", "empty label"},
+		{"bücher.de。.", "", "empty label"},
 		{"", "", "empty host name"},
 		{".", "", "empty host name"},
 		{"example..com", "", "empty label"},

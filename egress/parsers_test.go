@@ -341,6 +341,8 @@ func TestParseHTTPHostErrors(t *testing.T) {
 		{"GET http://evil.test/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n", "target names evil.test"},
 		{"GET http://user@pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n", "user information"},
 		{"GET ftp://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n", "request target"},
+		{"0 A:// HTTP/1.0\n\n", "only http:// and https://"},
+		{"GET a://pypi.org/ HTTP/1.1\r\nHost: pypi.org\r\n\r\n", "only http:// and https://"},
 		{"CONNECT evil.test:443 HTTP/1.1\r\nHost: evil.test:443\r\n\r\n", "CONNECT"},
 		{"G(T / HTTP/1.1\r\nHost: pypi.org\r\n\r\n", "is not a token"},
 		{"GET / HTTP/2.0\r\nHost: pypi.org\r\n\r\n", "HTTP version"},
