@@ -114,7 +114,8 @@ func entryError(entry, format string, a ...any) error {
 	return fmt.Errorf("network entry %q: %s", entry, fmt.Sprintf(format, a...))
 }
 
-const entryHelp = "write a host name (pypi.org), a host and port (api.example.com:443), a wildcard (*.example.com), a CIDR (203.0.113.0/24, [2001:db8::/32]:443), a pin (mirror.example=10.1.2.3:443) or a preset (" + "%s" + ")"
+// entryHelp is the fix for an entry of no known form; %s is presetNames.
+const entryHelp = "write a host name (pypi.org), a host and port (api.example.com:443), a wildcard (*.example.com), a CIDR (203.0.113.0/24, [2001:db8::/32]:443), a pin (mirror.example=10.1.2.3:443) or a preset (%s)"
 
 func presetNames() string {
 	names := make([]string, 0, len(Presets))

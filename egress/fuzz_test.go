@@ -109,6 +109,11 @@ func FuzzAnswerDNS(f *testing.F) {
 			}
 			return
 		}
+		for i := 0; i < len(name); i++ {
+			if name[i] <= ' ' || name[i] >= 0x7f {
+				t.Fatalf("name %q has an unprintable byte", name)
+			}
+		}
 		if len(asked) > 1 {
 			t.Fatalf("lookup asked %q", asked)
 		}
