@@ -250,6 +250,16 @@ func TestParseSNIErrors(t *testing.T) {
 	if name, complete, err := ParseSNI(good); name != "pypi.org" || !complete || err != nil {
 		t.Fatalf("the hand-made ClientHello: %q %v %v", name, complete, err)
 	}
+	for _, v := range []struct{ sent, want string }{
+		{"pypi.org.", "pypi.org"},
+		{"PyPI.ORG", "pypi.org"},
+		{"bücher.de", "xn--bcher-kva.de"},
+		{"XN--BCHER-KVA.de.", "xn--bcher-kva.de"},
+	} {
+		if name, complete, err := ParseSNI(hello(sniExt(v.sent))); name != v.want || !complete || err != nil {
+			t.Errorf("SNI %q: %q %v %v; want %q", v.sent, name, complete, err, v.want)
+		}
+	}
 	if name, complete, err := ParseSNI(hello()); name != "" || !complete || err != nil {
 		t.Errorf("no extensions: %q %v %v", name, complete, err)
 	}
@@ -272,11 +282,11 @@ func TestParseSNIErrors(t *testing.T) {
 		{"hello longer than its record", append(slicesClone(good[:5+1]), append([]byte{0, 0xff, 0xff}, good[9:]...)...)},
 		{"two SNI extensions", hello(sniExt("pypi.org"), sniExt("evil.test"))},
 		{"two names", hello(sniExt("pypi.org", "evil.test"))},
-		{"a trailing dot", hello(sniExt("pypi.org."))},
 		{"an empty name", hello(sniExt(""))},
 		{"a bad name", hello(sniExt("exa_mple.com"))},
+		{"two trailing dots", hello(sniExt("pypi.org.."))},
+		{"invalid UTF-8", hello(sniExt("b\xffcher.de"))},
 		{"an IP address", hello(sniExt("127.0.0.1"))},
-		{"a UTF-8 name", hello(sniExt("bücher.de"))},
 		{"name type 1", hello(ext(0, []byte{0, 4, 1, 0, 1, 'a'}))},
 		{"empty server_name list", hello(ext(0, []byte{0, 0}))},
 		{"truncated extension", hello(ext(0, []byte{0, 9, 0, 0, 6, 'a'}))},
