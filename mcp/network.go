@@ -141,3 +141,19 @@ func instructions(env Environment) string {
 	return "Use run_code to execute code in a fresh sandbox with no network unless the call's network argument asks for hosts of the server's allowlist. " +
 		"Read the resource " + EnvironmentURI + " for interpreter versions, installed packages, the network allowlist and limits."
 }
+
+// reportOutput is the network report as the output schema has it: its
+// lists are arrays, never null.
+func reportOutput(r *egress.Report) *egress.Report {
+	if r == nil {
+		return nil
+	}
+	out := *r
+	if out.Allowlist == nil {
+		out.Allowlist = []string{}
+	}
+	if out.Connections == nil {
+		out.Connections = []egress.Connection{}
+	}
+	return &out
+}

@@ -275,7 +275,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 		Stdout: res.Stdout, Stderr: res.Stderr,
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
-		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost, Network: res.Network,
+		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost, Network: reportOutput(res.Network),
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
