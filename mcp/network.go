@@ -60,10 +60,7 @@ func networkLine(r *egress.Report) string {
 	if r.Dropped > 0 {
 		line += fmt.Sprintf("; %d more records not kept", r.Dropped)
 	}
-	if r.Failure != "" {
-		line += "; the network failed: " + r.Failure
-	}
-	return line
+	return line // the message names the denials and a failure
 }
 
 func plural(n int, one, many string) string {
@@ -73,15 +70,16 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// networkDenials is the part of a result's message that names the denied
-// attempts (the engine appends it as "network: denied …"), or "".
+// networkDenials is the line of a result's message that names the denied
+// attempts and a failure of the network (the engine appends it as
+// "network: denied …"), or "".
 func networkDenials(message string) string {
-	i := strings.Index(message, "network: denied")
-	if i < 0 {
-		return ""
+	for _, line := range strings.Split(message, "\n") {
+		if strings.HasPrefix(line, "network: ") {
+			return line
+		}
 	}
-	line, _, _ := strings.Cut(message[i:], "\n")
-	return line
+	return ""
 }
 
 // networkAccess describes the policy's network for the environment, or

@@ -181,12 +181,12 @@ func TestResultNetwork(t *testing.T) {
 		{"no network", sandbox.Result{Status: sandbox.StatusOK, Stdout: "hi\n"}, nil, []string{"network"}},
 		{"ok with a denial", sandbox.Result{Status: sandbox.StatusOK, Message: denials, Network: report},
 			[]string{"network: 1 connection allowed, 1 denied; 1 name not answered\n" + denials + "\n"}, nil},
-		{"a failed program", sandbox.Result{Status: sandbox.StatusError, ExitCode: 1, Message: "exit code 1; " + denials, Network: report},
+		{"a failed program", sandbox.Result{Status: sandbox.StatusError, ExitCode: 1, Message: "exit code 1\n" + denials, Network: report},
 			[]string{"\n" + denials + "\n"}, nil},
-		{"a timeout shows the message once", sandbox.Result{Status: sandbox.StatusTimeout, Message: "timed out; " + denials, Network: report},
-			[]string{"status: timeout: timed out; " + denials}, []string{"\n" + denials}},
-		{"a dead helper", sandbox.Result{Status: sandbox.StatusOK, Network: &egress.Report{Failure: "the network helper exited", Dropped: 3}},
-			[]string{"network: 0 connections allowed, 0 denied; 3 more records not kept; the network failed: the network helper exited"}, nil},
+		{"a timeout shows the message once", sandbox.Result{Status: sandbox.StatusTimeout, Message: "timed out\n" + denials, Network: report},
+			[]string{"status: timeout: timed out\n" + denials}, nil},
+		{"a dead helper", sandbox.Result{Status: sandbox.StatusOK, Message: "network: the network helper exited", Network: &egress.Report{Failure: "the network helper exited", Dropped: 3}},
+			[]string{"network: 0 connections allowed, 0 denied; 3 more records not kept\nnetwork: the network helper exited\n"}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
