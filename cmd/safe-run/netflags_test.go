@@ -9,6 +9,7 @@ import (
 	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/runtime/gvisor"
 	"github.com/safe-run/safe-run/sandbox"
+	"github.com/safe-run/safe-run/snippets"
 )
 
 // --allow-net where networked sandboxes cannot be made is refused with the
@@ -89,6 +90,41 @@ func TestPrintRunSummary(t *testing.T) {
 			}
 			if strings.Count(b.String(), denials) > 1 {
 				t.Errorf("the denials are printed twice")
+			}
+		})
+	}
+}
+
+// check's network= reaches the block's job within --allow-net, and is
+// refused outside it and in a block of a session, naming the block.
+func TestCheckBlockNetwork(t *testing.T) {
+	list, err := egress.Parse([]string{"pypi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	policy := sandbox.Policy{Network: list}
+	for _, tc := range []struct {
+		name    string
+		attrs   snippets.Attrs
+		want    []string
+		wantErr string
+	}{
+		{name: "no network"},
+		{name: "an allowed preset", attrs: snippets.Attrs{Network: []string{"pypi"}}, want: []string{"pypi"}},
+		{name: "an entry not allowed", attrs: snippets.Attrs{Network: []string{"evil.test"}}, wantErr: `doc.md:3: network: network entry "evil.test" is not allowed here; allowed: pypi`},
+		{name: "a session", attrs: snippets.Attrs{Network: []string{"pypi"}, Session: "s"}, wantErr: "doc.md:3: network= cannot be given to a block of a session"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := snippets.Block{Line: 3, Language: "python", Code: "print(1)\n", Attrs: tc.attrs}
+			job, err := blockJob("doc.md", b, policy, checkConfig{})
+			if tc.wantErr != "" {
+				if err == nil || !strings.HasPrefix(err.Error(), tc.wantErr) {
+					t.Fatalf("blockJob = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || strings.Join(job.Network, ",") != strings.Join(tc.want, ",") {
+				t.Errorf("blockJob = network %q, %v; want %q", job.Network, err, tc.want)
 			}
 		})
 	}
