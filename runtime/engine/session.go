@@ -362,6 +362,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		Files: agentFiles(job.Files), Timeout: job.Limits.Timeout, OutputBytes: job.Limits.OutputBytes,
 		Collect: e.collect(job),
 	}
+	req = e.withPackages(req, job, s.lang)
 	stdout, stderr := newStreams(job)
 	// The agent interrupts the cell at its timeout and kills the
 	// interpreter agent.InterruptGrace later; the host waits a little longer.
