@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/safe-run/safe-run/agent"
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -86,10 +87,11 @@ var sessionMoves = map[sessionState][]sessionState{
 
 // session is one long-lived sandbox with a persistent interpreter.
 type session struct {
-	id     string
-	owner  string // sandbox.SessionSpec.Owner: only calls acting for it find the session
-	lang   sandbox.Language
-	limits sandbox.Limits // of the session's sandbox, and defaults of its calls
+	id      string
+	owner   string // sandbox.SessionSpec.Owner: only calls acting for it find the session
+	lang    sandbox.Language
+	limits  sandbox.Limits // of the session's sandbox, and defaults of its calls
+	network []string       // what its sandbox may reach (Job.Network), kept by every sandbox it gets
 
 	mu sync.Mutex // held by the boot and by each call: one at a time
 
@@ -173,7 +175,7 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 		return sandbox.SessionInfo{}, &sandbox.InputError{Field: "language", Msg: fmt.Sprintf("%q %v", lang.Name, sandbox.ErrSessionsUnsupported)}
 	}
 	t := e.table()
-	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now(), gone: make(chan struct{})}
+	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, network: job.Network, created: time.Now(), gone: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lastUsed.Store(s.created.UnixNano())
 	s.mu.Lock() // calls wait for the boot
@@ -218,7 +220,7 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 // and limits) and waits for its agent. On error nothing is left; the error
 // is of class unavailable unless the start was cancelled.
 func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box, error) {
-	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits}, true), "")
+	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits, Network: job.Network}, true), "")
 	if err == nil {
 		if err = b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
 			_ = b.destroy()
@@ -281,7 +283,7 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 		s.reportLost = true
 	}
 	if s.proc == nil {
-		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits})
+		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits, Network: s.network})
 		if err != nil {
 			return err
 		}
@@ -345,7 +347,9 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 	var res sandbox.Result
 	err = e.call(ctx, id, func(ctx context.Context, s *session) error {
 		s.calls.Add(1)
-		res = e.evalCell(ctx, s, job)
+		var rep *egress.Report
+		res, rep = e.evalCell(ctx, s, job)
+		res = addNetwork(res, rep)
 		return nil
 	})
 	res.DurationMS = time.Since(start).Milliseconds()
@@ -354,7 +358,7 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 
 // evalCell runs one cell; if the sandbox dies or is killed on the way, the
 // session loses its state and gets a new sandbox at its next call.
-func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sandbox.Result {
+func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (sandbox.Result, *egress.Report) {
 	p := s.proc
 	res := sandbox.Result{SandboxID: p.id(), ExitCode: -1}
 	req := agent.Request{
@@ -376,6 +380,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		// it died, for example out of memory.
 		usage := p.sb.Usage()
 		oomKills := usage.OOMKills
+		rep := takeNetwork(p.sb, true)
 		res.MemoryPeakBytes = usage.PeakBytes
 		if err := p.destroy(); err != nil {
 			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
@@ -388,10 +393,11 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		}
 		res.StateLost = true
 		res.Message += "; the session's state was lost, and its next call starts a fresh sandbox (files in /workspace are gone too)"
-		return res
+		return res, rep
 	}
+	rep := takeNetwork(p.sb, false)
 	if exit.Error != "" {
-		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error))
+		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error)), rep
 	}
 	res.MemoryPeakBytes = p.sb.Usage().PeakBytes
 	res = outcome(res, job, exit, end, 0)
@@ -402,7 +408,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 	if res.Status == sandbox.StatusError && !exit.StateLost {
 		res.Message += " (see stderr); the session keeps its state"
 	}
-	return res
+	return res, rep
 }
 
 // WriteFiles writes files into the session's workspace.
