@@ -167,7 +167,8 @@ func newSessionID() string {
 // cells. The interpreter itself starts with the first call. Closing the
 // session while it starts cancels the start.
 func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
-	job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits})
+	job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits,
+		Network: spec.Network, Packages: spec.Packages})
 	if err != nil {
 		return sandbox.SessionInfo{}, err
 	}
