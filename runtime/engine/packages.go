@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/safe-run/safe-run/agent"
@@ -80,4 +81,30 @@ func installFailed(res sandbox.Result, exit *agent.Exit, timeout time.Duration) 
 		res.Message = fmt.Sprintf("installing packages failed: the installer exited with code %d; the code was not run (its output is in stderr)", exit.Code)
 	}
 	return res
+}
+
+// sessionPackages are the packages a session was created with, installed by
+// the first cell of each of its sandboxes: a sandbox that replaces a lost
+// one starts with an empty /tmp and installs them again.
+type sessionPackages struct {
+	packages    []string
+	installedOn *box // the sandbox whose install succeeded
+}
+
+// job is the call's job as its install step and environment see it: the
+// session's network, and its packages unless sandbox p has them already.
+func (sp *sessionPackages) job(job sandbox.Job, network []string, p *box) sandbox.Job {
+	job.Network = network
+	if sp.installedOn != p {
+		job.Packages = append(slices.Clone(sp.packages), job.Packages...)
+	}
+	return job
+}
+
+// done notes that p installed the session's packages, unless exit says
+// the install failed or never ran.
+func (sp *sessionPackages) done(p *box, exit *agent.Exit) {
+	if exit != nil && !exit.InstallFailed && exit.Error == "" {
+		sp.installedOn = p
+	}
 }
