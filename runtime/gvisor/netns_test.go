@@ -132,7 +132,7 @@ func TestNetworkedSandbox(t *testing.T) {
 	for _, link := range []string{LinkTap, LinkVeth} {
 		t.Run(link, func(t *testing.T) {
 			helper, _ := standInHelper(t)
-			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetLink = helper, link })
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetLink = helper, link; allowNet(t, cfg, "example.test") })
 			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: netProbe, Network: []string{"example.test"}})
 			if f, err := openTun(); link == LinkTap && err != nil {
 				// A user who cannot open /dev/net/tun (0600 here) gets
@@ -166,12 +166,15 @@ func TestNetworkedSandbox(t *testing.T) {
 
 func TestNetworkHelperKilled(t *testing.T) {
 	helper, mark := standInHelper(t)
-	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper })
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper; allowNet(t, cfg, "example.test") })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go func() {
 		for ctx.Err() == nil {
 			for _, pid := range processesNaming([]byte(mark)) {
+				// Killed once the run is under way: the helper is ready
+				// milliseconds after it starts, the program sleeps 4 s.
+				time.Sleep(time.Second)
 				_ = syscall.Kill(pid, syscall.SIGKILL)
 				return
 			}
@@ -207,7 +210,7 @@ func TestNetworkCheck(t *testing.T) {
 // cleanups check that no namespace mount, helper or run directory is left.
 func TestNetworkEndings(t *testing.T) {
 	helper, _ := standInHelper(t)
-	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper })
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper; allowNet(t, cfg, "example.test") })
 	limits := sandbox.DefaultLimits
 	limits.Timeout = 2 * time.Second
 	limits.MemoryBytes = 64 * sandbox.MiB
@@ -415,7 +418,10 @@ for host in ("127.0.0.1", "other.test"):
 				}
 				f.Close()
 			}
-			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetLink = helper, link })
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) {
+				cfg.NetHelper, cfg.NetLink = helper, link
+				allowNet(t, cfg, fmt.Sprintf("srv.test=127.0.0.1:%d", port))
+			})
 			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
 			wantStatus(t, res, sandbox.StatusOK)
 			want := fmt.Sprintf("hello from srv.test:%d\n127.0.0.1 refused: ", port)
@@ -452,7 +458,6 @@ for host in ("127.0.0.1", "other.test"):
 // failure reported.
 func TestNetworkRealHelperKilled(t *testing.T) {
 	helper := realHelper(t)
-	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper })
 	served := make(chan struct{}, 1)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprint(w, "ok")
@@ -463,6 +468,10 @@ func TestNetworkRealHelperKilled(t *testing.T) {
 	}))
 	defer srv.Close()
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) {
+		cfg.NetHelper = helper
+		allowNet(t, cfg, fmt.Sprintf("srv.test=127.0.0.1:%d", port))
+	})
 	code := fmt.Sprintf(`
 import time, urllib.request
 print(urllib.request.urlopen("http://srv.test:%d/", timeout=10).read().decode())
@@ -534,7 +543,7 @@ func TestNetworkHelperBroken(t *testing.T) {
 		{"says why", failing, "no stack today"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = tc.helper })
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = tc.helper; allowNet(t, cfg, "example.test") })
 			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: "print(1)", Network: []string{"example.test"}})
 			wantStatus(t, res, sandbox.StatusSandboxError)
 			if !strings.Contains(res.Message, tc.want) {
@@ -577,7 +586,10 @@ func TestNetworkCA(t *testing.T) {
 	if err := os.WriteFile(extra, []byte(marker+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetworkCA = helper, extra })
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) {
+		cfg.NetHelper, cfg.NetworkCA = helper, extra
+		allowNet(t, cfg, fmt.Sprintf("srv.test=127.0.0.1:%d", port))
+	})
 	image, err := os.ReadFile(filepath.Join(rt.cfg.Rootfs, bundle.CABundlePath))
 	if err != nil {
 		t.Fatalf("the default image has no CA bundle: %v", err)
@@ -627,4 +639,15 @@ func TestOthersCanExec(t *testing.T) {
 	if err := othersCanExec(closed); err == nil {
 		t.Error("othersCanExec of a 0700 file: ok")
 	}
+}
+
+// allowNet makes entries the policy's allowlist, so that jobs may ask for
+// them.
+func allowNet(t *testing.T, cfg *testConfig, entries ...string) {
+	t.Helper()
+	allow, err := egress.Parse(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Engine.Policy.Network = allow
 }
