@@ -78,6 +78,19 @@ func merge(old, c Connection) Connection {
 	return c
 }
 
+// Open counts the records since the last Take of connections still open.
+func (l *Log) Open() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, c := range l.records {
+		if c.Open {
+			n++
+		}
+	}
+	return n
+}
+
 // Take returns the records added since the last Take, in the order first
 // added, and how many were dropped beyond MaxRecords.
 func (l *Log) Take() (records []Connection, dropped int) {

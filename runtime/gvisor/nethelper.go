@@ -187,6 +187,8 @@ func (h *netHelperProc) fail(msg string) {
 func (h *netHelperProc) take(final bool) egress.Report {
 	if final {
 		h.finish()
+	} else {
+		h.settle()
 	}
 	rep := egress.Report{Allowlist: h.allow}
 	rep.Connections, rep.Dropped = h.log.Take()
@@ -197,6 +199,26 @@ func (h *netHelperProc) take(final bool) egress.Report {
 	rep.Failure = h.failure
 	h.mu.Unlock()
 	return rep
+}
+
+// settleTimeout bounds how long a session call's take waits for the close
+// records of connections its program closed.
+const settleTimeout = 150 * time.Millisecond
+
+// settle waits, a bounded time, until no record since the last take is of
+// an open connection: the program's close reaches the helper a moment after
+// the call's exit report reaches the host, and its record (with the bytes)
+// belongs to this call. A connection the program keeps open past the call
+// is reported open, and again when it closes.
+func (h *netHelperProc) settle() {
+	deadline := time.Now().Add(settleTimeout)
+	for h.log.Open() > 0 && time.Now().Before(deadline) {
+		select {
+		case <-h.done:
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
 
 // finish closes the helper's input, which makes it close every connection
