@@ -74,10 +74,10 @@ func TestSoak(t *testing.T) {
 	stateDir := filepath.Join(t.TempDir(), "state")
 	auditLog := filepath.Join(t.TempDir(), "audit.log")
 	ns := startNetServers(t)
-	net := soakNet{entry: ns.entries()[0], url: fmt.Sprintf("http://%s:%d/soak", netAllowed, ns.httpPort)}
+	sn := soakNet{entry: ns.entries()[0], url: fmt.Sprintf("http://%s:%d/soak", netAllowed, ns.httpPort)}
 	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn",
 		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB", "--audit-log", auditLog,
-		"--allow-net", net.entry)
+		"--allow-net", sn.entry)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -158,7 +158,7 @@ func TestSoak(t *testing.T) {
 			defer workers.Done()
 			for i := range jobs {
 				k := soakKinds[i%len(soakKinds)]
-				status, problem := soakCall(c, k, net)
+				status, problem := soakCall(c, k, sn)
 				mu.Lock()
 				byStatus[status]++
 				if problem != "" {
