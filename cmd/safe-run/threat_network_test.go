@@ -233,6 +233,13 @@ func (s *netServers) sawToken(token string) []string {
 	return out
 }
 
+// hellos counts the ClientHellos the TLS server received.
+func (s *netServers) hellos() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.snis)
+}
+
 func (s *netServers) sawSNI(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -328,6 +335,11 @@ type netCase struct {
 	// expect lists the servers the case may reach: "http", "tls". Any
 	// other server that accepts a connection during the case fails it.
 	expect []string
+	// dials lists the servers the helper may connect to without passing
+	// on a byte: where the decision reads the connection's first bytes,
+	// the upstream dial (made before the sandbox's handshake completes)
+	// has happened already.
+	dials []string
 }
 
 // netCases are the attack list of issue 16 (and the positive flows that
@@ -407,12 +419,23 @@ out("dns", "LEAK " + a if a else "connect-nxdomain")
 			code: netPrelude + fmt.Sprintf(`
 raw("loopback", "127.0.0.1", %[1]d, "/{{TOKEN}}/loopback")
 raw("host-ip", %[2]q, %[1]d, "/{{TOKEN}}/host-ip")
-raw("canary", "127.0.0.1", {{TCP_PORT}}, "/{{TOKEN}}/canary")
 `, hp, hostIP),
 			// The sandbox's own loopback refuses 127.0.0.1 before the helper
 			// sees it; the host's address is the helper's decision.
-			results: map[string]string{"loopback": wantNoConnect, "host-ip": wantRefused, "canary": wantNoConnect},
+			results: map[string]string{"loopback": wantNoConnect, "host-ip": wantRefused},
 			records: []wantRecord{{kind: egress.KindTCP, port: hp, decision: egress.Denied, reason: "."}},
+		},
+		{
+			name: "the host's own loopback services: unreachable by any address", protection: "no route to the host's loopback: the sandbox's 127.0.0.1 is its own, the host's addresses are blocked (Blocked's host list)",
+			lang: "python",
+			code: netPrelude + fmt.Sprintf(`
+raw("canary", "127.0.0.1", {{TCP_PORT}}, "/{{TOKEN}}/canary")
+raw("canary-host-ip", %[1]q, {{TCP_PORT}}, "/{{TOKEN}}/canary-host-ip")
+raw("canary-mapped", "::ffff:127.0.0.1", {{TCP_PORT}}, "/{{TOKEN}}/canary-mapped", family=socket.AF_INET6)
+raw("canary-gateway", "198.18.0.1", {{TCP_PORT}}, "/{{TOKEN}}/canary-gateway")
+`, hostIP),
+			// The harness's canary listener (assertHostClean) is on 127.0.0.1 only.
+			results: map[string]string{"canary": wantNoConnect, "canary-host-ip": wantNoConnect, "canary-mapped": wantNoConnect, "canary-gateway": wantNoConnect},
 		},
 		{
 			name: "an allowed name the host resolves to loopback, without a pin: refused (rebinding)", protection: "every resolved address checked against the blocked ranges in the dialer's Control hook (Blocked)",
@@ -451,7 +474,7 @@ def tls(label, sni):
 tls("sni-other", %[3]q)
 tls("sni-none", None)
 `, netSecure, tp, netDenied),
-			results: map[string]string{"sni-other": wantCut, "sni-none": wantCut},
+			results: map[string]string{"sni-other": wantCut, "sni-none": wantCut}, dials: []string{"tls"},
 			records: []wantRecord{{kind: egress.KindTCP, name: netSecure, port: tp, decision: egress.Denied, reason: "(?i)sni"}},
 		},
 		{
@@ -460,7 +483,7 @@ tls("sni-none", None)
 			code: netPrelude + fmt.Sprintf(`
 raw("host-other", %[1]q, %[2]d, "/{{TOKEN}}/host-other", hosthdr=%[3]q)
 `, netAllowed, hp, netDenied),
-			results: map[string]string{"host-other": wantCut},
+			results: map[string]string{"host-other": wantCut}, dials: []string{"http"},
 			records: []wantRecord{{kind: egress.KindTCP, name: netAllowed, port: hp, decision: egress.Denied, reason: "(?i)host"}},
 		},
 		{
@@ -469,7 +492,7 @@ raw("host-other", %[1]q, %[2]d, "/{{TOKEN}}/host-other", hosthdr=%[3]q)
 			code: netPrelude + fmt.Sprintf(`
 raw("mapped", "::ffff:127.0.0.1", %[1]d, "/{{TOKEN}}/mapped", family=socket.AF_INET6)
 raw("ipv6-loopback", "::1", %[1]d, "/{{TOKEN}}/ipv6-loopback", family=socket.AF_INET6)
-raw("metadata", "169.254.169.254", 80, "/{{TOKEN}}/metadata")
+if "ON_HOST" not in globals(): raw("metadata", "169.254.169.254", 80, "/{{TOKEN}}/metadata")
 raw("gateway", "198.18.0.1", %[1]d, "/{{TOKEN}}/gateway")
 `, hp),
 			results: map[string]string{"mapped": wantNoConnect, "ipv6-loopback": wantNoConnect, "metadata": wantNoConnect, "gateway": wantNoConnect},
@@ -481,8 +504,10 @@ raw("gateway", "198.18.0.1", %[1]d, "/{{TOKEN}}/gateway")
 			code: netPrelude + fmt.Sprintf(`
 quic = bytes([0xc0, 0, 0, 0, 1, 8]) + bytes(8) + bytes(1200)
 targets = [("127.0.0.1", {{UDP_PORT}}), (%[1]q, {{UDP_PORT}}), ("203.0.113.7", {{UDP_PORT}}), ("198.18.0.1", {{UDP_PORT}})]
-a = dns(%[2]q)
-if a: targets += [(a, {{UDP_PORT}}), (a, 443)]
+try:
+    a = dns(%[2]q)
+    if a: targets += [(a, {{UDP_PORT}}), (a, 443)]
+except Exception as e: pass
 for host, port in targets:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     for _ in range(5):
@@ -501,7 +526,7 @@ out("udp", "sent")
 			lang: "python", expect: []string{"http"},
 			code: netPrelude + fmt.Sprintf(`
 for i, v in enumerate([%[1]q, %[2]q, %[3]q, %[4]q, %[5]q]):
-    raw("allowed-%%d" %% i, v, %[6]d, "/{{TOKEN}}/variant-%%d" %% i)
+    raw("allowed-%%d" %% i, v, %[6]d, "/{{TOKEN}}/variant-%%d" %% i, hosthdr=v.encode("idna").decode())
 for i, v in enumerate([%[7]q, %[8]q, %[9]q]):
     raw("denied-%%d" %% i, v, %[6]d, "/{{TOKEN}}/denied-%%d" %% i)
 `, strings.ToUpper(netAllowed), netAllowed+".", "Allowed.Test.", netIDN, "xn--bcher-kva.test", hp,
@@ -639,7 +664,7 @@ func TestThreatNetwork(t *testing.T) {
 			for _, via := range []string{"cli", "mcp"} {
 				t.Run(via, func(t *testing.T) {
 					token := "tok-" + randomHex(6)
-					httpN, tlsN, udpN := n.s.http.n.Load(), n.s.tls.n.Load(), n.s.udpN.Load()
+					httpN, tlsN, udpN, hellos := n.s.http.n.Load(), n.s.tls.n.Load(), n.s.udpN.Load(), n.s.hellos()
 					r := n.run(t, via, tc.lang, n.expand(tc.code, token), entries)
 					t.Logf("%s stdout:\n%s", via, r.stdout)
 					if r.status != "ok" {
@@ -651,11 +676,14 @@ func TestThreatNetwork(t *testing.T) {
 					if seen := n.s.sawToken(token); !positive && len(seen) > 0 {
 						t.Errorf("%s: the test server answered requests of a denied case: %v", via, seen)
 					}
-					if !slicesContains(tc.expect, "http") && n.s.http.n.Load() != httpN {
+					if !slicesContains(tc.expect, "http") && !slicesContains(tc.dials, "http") && n.s.http.n.Load() != httpN {
 						t.Errorf("%s: the plain server accepted %d connections in a case that must not reach it", via, n.s.http.n.Load()-httpN)
 					}
-					if !slicesContains(tc.expect, "tls") && n.s.tls.n.Load() != tlsN {
+					if !slicesContains(tc.expect, "tls") && !slicesContains(tc.dials, "tls") && n.s.tls.n.Load() != tlsN {
 						t.Errorf("%s: the TLS server accepted %d connections in a case that must not reach it", via, n.s.tls.n.Load()-tlsN)
+					}
+					if !slicesContains(tc.expect, "tls") && n.s.hellos() != hellos {
+						t.Errorf("%s: the TLS server received %d ClientHellos in a case that must not reach it", via, n.s.hellos()-hellos)
 					}
 					if n.s.sawSNI(netDenied) {
 						t.Errorf("%s: the TLS server saw a ClientHello naming %s", via, netDenied)
@@ -672,7 +700,7 @@ func TestThreatNetwork(t *testing.T) {
 			if tc.control {
 				t.Run("control", func(t *testing.T) {
 					udpN := n.s.udpN.Load()
-					out := n.control(t, "python", n.expand(tc.code, "control-"+randomHex(4)))
+					out := n.control(t, "python", "ON_HOST = True\n"+n.expand(tc.code, "control-"+randomHex(4)))
 					t.Logf("on the host:\n%s", out)
 					if !strings.Contains(out, "LEAK") && n.s.udpN.Load() == udpN {
 						t.Errorf("on the host, without the sandbox, the probe reached nothing; it cannot detect a breach:\n%s", out)
