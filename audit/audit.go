@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"time"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -74,6 +75,14 @@ type Record struct {
 	// Cached says the call got an earlier identical run's result from the
 	// result cache: nothing ran for it.
 	Cached bool `json:"cached,omitempty"`
+	// NetworkAsked is what a run or session asked to reach (its network
+	// argument), as canonical entries once the policy accepted it.
+	NetworkAsked []string `json:"network_asked,omitempty"`
+	// Packages are what a run or session asked to install.
+	Packages []string `json:"packages,omitempty"`
+	// Network is what a run's network saw: its connections and
+	// denials, up to MaxNetworkRecords of them.
+	Network *egress.Report `json:"network,omitempty"`
 	// FirstSeq and FirstPrev, in an EventPruned record, are the number and
 	// prev of the oldest record kept: Verify accepts a chain that starts
 	// there only if the last such record says so.
@@ -104,7 +113,7 @@ func RunRecord(job sandbox.Job, res sandbox.Result) Record {
 		Event: EventRun, Language: job.Language, Image: job.Image, Code: job.Code, Limits: LimitsOf(job.Limits),
 		Status: string(res.Status), ExitCode: &code, DurationMS: res.DurationMS,
 		MemoryPeakBytes: res.MemoryPeakBytes, OutputBytes: res.StdoutBytes + res.StderrBytes, Message: res.Message,
-		Cached: res.Cached,
+		Cached: res.Cached, NetworkAsked: job.Network, Packages: job.Packages, Network: res.Network,
 	}
 }
 

@@ -9,11 +9,13 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -298,5 +300,41 @@ func TestRecordTimeIsUTC(t *testing.T) {
 	l.Append(rec)
 	if line := readLines(t, path)[0]; !bytes.Contains(line, []byte(`"time":"2026-11-29T11:00:00Z"`)) {
 		t.Errorf("time not in UTC: %s", line)
+	}
+}
+
+// A run with a network is recorded with what it asked for and its
+// connections; the chain covers them (an edited decision is caught), and
+// a log whose earlier records have no network report still verifies.
+func TestNetworkReportIsChained(t *testing.T) {
+	path := writeLog(t, 2) // records without a network, as before it existed
+	l := openLog(t, Options{Path: path})
+	job := sandbox.Job{Language: "python", Code: "import urllib", Network: []string{"pypi.org"}, Packages: []string{"requests"}}
+	res := sandbox.Result{Status: sandbox.StatusOK, Network: &egress.Report{Allowlist: []string{"pypi.org"}, Connections: []egress.Connection{
+		{ID: 1, Kind: egress.KindTCP, Name: "pypi.org", Port: 443, Addr: "151.101.0.223:443", Decision: egress.Allowed, BytesOut: 517, BytesIn: 4096},
+		{ID: 2, Kind: egress.KindDNS, Name: "evil.test", Decision: egress.Denied, Reason: "not in the allowlist"},
+	}}}
+	if err := l.Append(RunRecord(job, res)); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append(runRecord(3)); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	if _, err := Verify(path); err != nil {
+		t.Fatalf("verify a log with a network record: %v", err)
+	}
+	lines := readLines(t, path)
+	var got Record
+	json.Unmarshal(lines[2], &got)
+	if got.Network == nil || len(got.Network.Connections) != 2 || got.Network.Connections[1].Reason != "not in the allowlist" ||
+		!slices.Equal(got.NetworkAsked, job.Network) || !slices.Equal(got.Packages, job.Packages) {
+		t.Fatalf("record %s: want the network asked for, the packages and both connections", lines[2])
+	}
+	lines[2] = bytes.Replace(lines[2], []byte(`"decision":"denied"`), []byte(`"decision":"allowed"`), 1)
+	writeLines(t, path, lines)
+	var ve *VerifyError
+	if _, err := Verify(path); !errors.As(err, &ve) || ve.Line != 4 {
+		t.Errorf("verify after editing a denial: %v; want the chain broken at line 4", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 // The caps on a record's fields, in bytes as stored. Most fields come from
@@ -30,12 +32,24 @@ const (
 	// MaxCodeBytes caps the code kept with IncludeCode: the policy's
 	// default limit on code. Its code_sha256 is always of all of it.
 	MaxCodeBytes = 1 << 20
+	// MaxNetworkRecords caps the connection records of a run's network
+	// report; the rest are counted in its dropped. The sandbox chooses
+	// the names it asks for, so the records are the code's to multiply.
+	MaxNetworkRecords = 128
+	// MaxEntryBytes caps a network entry, a name of a network record
+	// (DNS names are at most 253 bytes), its address and its reason.
+	MaxEntryBytes = 320
+	// MaxNetworkEntries caps network_asked, packages and the report's
+	// allowlist, each.
+	MaxNetworkEntries = 32
 )
 
 // MaxLine bounds a line of the log. Start-up and Verify refuse a longer
 // one (checkLine); Append never writes one: with every field at its cap
 // a record without code stays under 10 KiB, and with every byte of code
-// escaped by JSON (6 bytes for 1) under 6.1 MiB.
+// escaped by JSON (6 bytes for 1) under 6.1 MiB. A network report adds
+// under 1 MiB (MaxNetworkRecords records of three MaxEntryBytes strings,
+// and the three lists of MaxNetworkEntries, escaped).
 const MaxLine = 8 << 20
 
 // cutMark ends a field that was cut to its cap, giving its whole size.
@@ -59,7 +73,45 @@ func Bounded(rec Record) Record {
 		*f.s = Clean(*f.s, f.limit)
 	}
 	rec.Code = Cut(rec.Code, MaxCodeBytes)
+	rec.NetworkAsked, rec.Packages = cleanList(rec.NetworkAsked), cleanList(rec.Packages)
+	if rec.Network != nil {
+		rec.Network = boundedReport(*rec.Network)
+	}
 	return rec
+}
+
+// cleanList is list cut to MaxNetworkEntries, each cleaned and cut to
+// MaxEntryBytes; a list cut short ends with how long it was.
+func cleanList(list []string) []string {
+	if list == nil {
+		return nil
+	}
+	out := make([]string, 0, min(len(list), MaxNetworkEntries+1))
+	for i, s := range list {
+		if i == MaxNetworkEntries {
+			out = append(out, fmt.Sprintf("…[cut: %d entries in all]", len(list)))
+			break
+		}
+		out = append(out, Clean(s, MaxEntryBytes))
+	}
+	return out
+}
+
+// boundedReport is r with at most MaxNetworkRecords records, the others
+// counted in Dropped, and every string cleaned and cut.
+func boundedReport(r egress.Report) *egress.Report {
+	out := egress.Report{Allowlist: cleanList(r.Allowlist), Dropped: r.Dropped, Failure: Clean(r.Failure, MaxMessageBytes)}
+	if len(r.Connections) > MaxNetworkRecords {
+		out.Dropped += len(r.Connections) - MaxNetworkRecords
+		r.Connections = r.Connections[:MaxNetworkRecords]
+	}
+	out.Connections = make([]egress.Connection, len(r.Connections))
+	for i, c := range r.Connections {
+		c.Kind, c.Decision = Clean(c.Kind, 16), Clean(c.Decision, 16)
+		c.Name, c.Addr, c.Reason = Clean(c.Name, MaxEntryBytes), Clean(c.Addr, MaxEntryBytes), Clean(c.Reason, MaxEntryBytes)
+		out.Connections[i] = c
+	}
+	return &out
 }
 
 // Clean escapes s as Bounded does and cuts the result to at most limit bytes,

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 func TestClean(t *testing.T) {
@@ -254,7 +256,8 @@ func TestRetention(t *testing.T) {
 }
 
 // Every line Append writes, of any record, start-up and Verify accept; a
-// record without code stays under 10 KiB whatever its fields hold.
+// record without code or network stays under 10 KiB whatever its fields
+// hold, and one with a network report under 1 MiB.
 func TestAppendedLinesPassCheckLine(t *testing.T) {
 	for _, ch := range []string{"<", `"`, `\`, "\x01", "\xff", "\u202e"} {
 		path := filepath.Join(t.TempDir(), "audit.log")
@@ -271,12 +274,37 @@ func TestAppendedLinesPassCheckLine(t *testing.T) {
 		if err := l.Append(worst); err != nil {
 			t.Fatal(err)
 		}
+		// The network report's strings come from the sandbox (the names it
+		// asks for) and its records are the code's to multiply.
+		huge := strings.Repeat(ch, 1<<20)
+		many := make([]string, 1000)
+		for i := range many {
+			many[i] = huge
+		}
+		worst.NetworkAsked, worst.Packages = many, many
+		worst.Network = &egress.Report{Allowlist: many, Failure: huge}
+		for i := range 5000 {
+			worst.Network.Connections = append(worst.Network.Connections, egress.Connection{ID: uint64(i), Kind: huge, Name: huge,
+				Addr: huge, Decision: huge, Reason: huge, BytesOut: 1 << 40, BytesIn: 1 << 40})
+		}
+		if err := l.Append(worst); err != nil {
+			t.Fatal(err)
+		}
+		worst.Code = ""
+		if err := l.Append(worst); err != nil {
+			t.Fatal(err)
+		}
 		lines := readLines(t, path)
-		for i, limit := range []int{10 << 10, MaxLine} {
+		for i, limit := range []int{10 << 10, MaxLine, MaxLine, 1 << 20} {
 			line := bytes.TrimSuffix(lines[i], []byte("\n"))
 			if _, err := checkLine(line); err != nil || len(line) > limit {
-				t.Errorf("fields of %q, code %v: %d bytes, %v; want at most %d", ch, i == 1, len(line), err, limit)
+				t.Errorf("fields of %q, record %d: %d bytes, %v; want at most %d", ch, i, len(line), err, limit)
 			}
+		}
+		var got Record
+		json.Unmarshal(lines[3], &got)
+		if n := got.Network; n == nil || len(n.Connections) != MaxNetworkRecords || n.Dropped != 5000-MaxNetworkRecords || len(got.NetworkAsked) != MaxNetworkEntries+1 {
+			t.Errorf("fields of %q: network report not cut to its caps: %d records, %d dropped, %d entries asked", ch, len(n.Connections), n.Dropped, len(got.NetworkAsked))
 		}
 	}
 }

@@ -121,7 +121,7 @@ func (r *Runner) runRecord(sessionID string, job sandbox.Job, res sandbox.Result
 	}
 	if err != nil {
 		return Record{Event: EventRun, SessionID: sessionID, Language: job.Language, Image: job.Image, Code: job.Code,
-			Limits: LimitsOf(job.Limits), Status: "refused", Message: err.Error()}
+			Limits: LimitsOf(job.Limits), Status: "refused", Message: err.Error(), NetworkAsked: job.Network, Packages: job.Packages}
 	}
 	rec := RunRecord(job, res)
 	rec.SessionID = sessionID
@@ -135,7 +135,8 @@ func (r *Runner) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 	}
 	start := time.Now()
 	info, err := r.Sessions.CreateSession(ctx, spec)
-	if lost := r.called(ctx, Record{Event: EventCreateSession, SessionID: info.ID, Language: spec.Language}, start, err); lost != nil {
+	if lost := r.called(ctx, Record{Event: EventCreateSession, SessionID: info.ID, Language: spec.Language,
+		NetworkAsked: spec.Network, Packages: spec.Packages}, start, err); lost != nil {
 		return sandbox.SessionInfo{}, lost
 	}
 	return info, err

@@ -91,7 +91,30 @@ type Config struct {
 	// KeepAlive makes the agent serve requests until its input ends, for a
 	// session, instead of exactly one.
 	KeepAlive bool
+	// Network, if set, gives the sandbox a network: its namespace, and the
+	// files that point its programs at the host's resolver and CAs.
+	Network *Network
 }
+
+// Network is what a networked sandbox's bundle needs of the host.
+type Network struct {
+	// NetNS is the host path of the sandbox's network namespace (a bind
+	// mount of it), which runsc joins.
+	NetNS string
+	// ResolvConf is a host file bound read-only over ResolvConfPath.
+	ResolvConf string
+	// CABundle, if set, is a host file bound read-only over CABundlePath
+	// (the image's CAs plus the operator's), also named by
+	// NODE_EXTRA_CA_CERTS, because Node trusts only its own list otherwise.
+	CABundle string
+}
+
+// Paths a networked sandbox gets files bound over (they must exist in the
+// image, whose root is read-only).
+const (
+	ResolvConfPath = "/etc/resolv.conf"
+	CABundlePath   = "/etc/ssl/certs/ca-certificates.crt"
+)
 
 // Build returns the runtime configuration for job, whose limits must be
 // complete (see sandbox.Policy.Check).
@@ -106,6 +129,19 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 	}
 	env := environment(cfg)
 	workdir := Workdir(cfg.WorkingDir)
+	ms := mounts(l, cfg.Agent, workdir)
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace}
+	if n := cfg.Network; n != nil {
+		if !filepath.IsAbs(n.NetNS) || !filepath.IsAbs(n.ResolvConf) || (n.CABundle != "" && !filepath.IsAbs(n.CABundle)) {
+			return nil, fmt.Errorf("build bundle: network files %+v must be absolute paths", *n)
+		}
+		netns.Path = n.NetNS
+		ms = append(ms, specs.Mount{Destination: ResolvConfPath, Type: "bind", Source: n.ResolvConf, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+		if n.CABundle != "" {
+			ms = append(ms, specs.Mount{Destination: CABundlePath, Type: "bind", Source: n.CABundle, Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}})
+			env = append(env, "NODE_EXTRA_CA_CERTS="+CABundlePath)
+		}
+	}
 	filter, err := seccomp.Profile()
 	if err != nil {
 		return nil, fmt.Errorf("build bundle: %w", err)
@@ -140,11 +176,11 @@ func Build(job sandbox.Job, cfg Config) (*specs.Spec, error) {
 			},
 		},
 		Hostname: "sandbox",
-		Mounts:   mounts(l, cfg.Agent, workdir),
+		Mounts:   ms,
 		Linux: &specs.Linux{
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
-				{Type: specs.NetworkNamespace},
+				netns,
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace},

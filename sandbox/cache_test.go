@@ -113,3 +113,21 @@ func TestResultCacheEvictsOldest(t *testing.T) {
 		t.Errorf("runs = %d, want %d", inner.runs, runs+1)
 	}
 }
+
+// A job with a network or packages runs every time: what it reaches may
+// answer differently now, and each run's connections must be its own.
+func TestResultCacheSkipsNetworkedJobs(t *testing.T) {
+	for _, job := range []sandbox.Job{
+		{Language: "python", Code: "print(1)", Network: []string{"pypi.org"}},
+		{Language: "python", Code: "print(1)", Network: []string{"pypi.org"}, Packages: []string{"requests"}},
+		{Language: "python", Code: "print(1)", Packages: []string{"requests"}},
+	} {
+		inner := &countingRunner{status: sandbox.StatusOK}
+		c := &sandbox.ResultCache{Runner: inner, TTL: time.Hour}
+		first, _ := c.Run(context.Background(), job)
+		second, _ := c.Run(context.Background(), job)
+		if inner.runs != 2 || first.Cached || second.Cached {
+			t.Errorf("job network %v packages %v: %d runs, cached %v/%v; want 2 runs, none cached", job.Network, job.Packages, inner.runs, first.Cached, second.Cached)
+		}
+	}
+}

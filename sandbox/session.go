@@ -43,6 +43,10 @@ type SessionSpec struct {
 	// Limits apply to the whole session (memory, processes, CPU, workspace)
 	// and, for Timeout and OutputBytes, to each call that sets none.
 	Limits Limits
+	// Network and Packages are the session's, as Job's: checked by the
+	// policy at creation, kept for every call.
+	Network  []string
+	Packages []string
 }
 
 // SessionInfo describes a session.

@@ -43,6 +43,9 @@ type StartSpec struct {
 	// Mark, if set, is told when the sandbox reaches a phase of the
 	// backend's own (such as "cgroup_created"), for debug timings.
 	Mark func(phase string)
+	// NetworkLimits cap the sandbox's network, when Job.Network gives it
+	// one (the policy's NetworkLimits).
+	NetworkLimits egress.Limits
 }
 
 // Sandbox is one started sandbox. Its agent speaks the protocol of package

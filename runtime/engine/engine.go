@@ -99,5 +99,9 @@ func (e *Engine) spec(job sandbox.Job, keepAlive bool) StartSpec {
 		lang, _ := e.cfg.Policy.Language(job.Language)
 		job.Image = lang.Image
 	}
-	return StartSpec{Job: job, KeepAlive: keepAlive}
+	spec := StartSpec{Job: job, KeepAlive: keepAlive}
+	if len(job.Network) > 0 {
+		spec.NetworkLimits = e.cfg.Policy.NetworkLimits
+	}
+	return spec
 }

@@ -160,8 +160,8 @@ func (p *pool) poke() {
 // was built with, or the pool is empty. The sandbox is the caller's to
 // destroy.
 func (p *pool) take(job sandbox.Job) *box {
-	if p == nil {
-		return nil
+	if p == nil || len(job.Network) > 0 {
+		return nil // pooled sandboxes have no network
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()

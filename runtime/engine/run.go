@@ -47,6 +47,7 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	default:
 		res.SandboxID = b.id()
 		res = e.runOnce(ctx, b, job, lang, res)
+		res = withNetwork(res, b.sb, true)
 		if err := b.destroy(); err != nil {
 			b.log.Error("clean up sandbox", "err", err)
 			if res.Status == sandbox.StatusOK || res.Status == sandbox.StatusError {

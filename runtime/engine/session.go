@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/safe-run/safe-run/agent"
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -165,7 +166,8 @@ func newSessionID() string {
 // cells. The interpreter itself starts with the first call. Closing the
 // session while it starts cancels the start.
 func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
-	job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits})
+	job, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: spec.Language, Code: "session", Limits: spec.Limits,
+		Network: spec.Network, Packages: spec.Packages})
 	if err != nil {
 		return sandbox.SessionInfo{}, err
 	}
@@ -345,7 +347,9 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 	var res sandbox.Result
 	err = e.call(ctx, id, func(ctx context.Context, s *session) error {
 		s.calls.Add(1)
-		res = e.evalCell(ctx, s, job)
+		var rep *egress.Report
+		res, rep = e.evalCell(ctx, s, job)
+		res = addNetwork(res, rep)
 		return nil
 	})
 	res.DurationMS = time.Since(start).Milliseconds()
@@ -354,7 +358,7 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 
 // evalCell runs one cell; if the sandbox dies or is killed on the way, the
 // session loses its state and gets a new sandbox at its next call.
-func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sandbox.Result {
+func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (sandbox.Result, *egress.Report) {
 	p := s.proc
 	res := sandbox.Result{SandboxID: p.id(), ExitCode: -1}
 	req := agent.Request{
@@ -375,6 +379,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		// it died, for example out of memory.
 		usage := p.sb.Usage()
 		oomKills := usage.OOMKills
+		rep := takeNetwork(p.sb, true)
 		res.MemoryPeakBytes = usage.PeakBytes
 		if err := p.destroy(); err != nil {
 			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
@@ -387,10 +392,11 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 		}
 		res.StateLost = true
 		res.Message += "; the session's state was lost, and its next call starts a fresh sandbox (files in /workspace are gone too)"
-		return res
+		return res, rep
 	}
+	rep := takeNetwork(p.sb, false)
 	if exit.Error != "" {
-		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error))
+		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error)), rep
 	}
 	res.MemoryPeakBytes = p.sb.Usage().PeakBytes
 	res = outcome(res, job, exit, end, 0)
@@ -401,7 +407,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) sand
 	if res.Status == sandbox.StatusError && !exit.StateLost {
 		res.Message += " (see stderr); the session keeps its state"
 	}
-	return res
+	return res, rep
 }
 
 // WriteFiles writes files into the session's workspace.

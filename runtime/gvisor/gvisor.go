@@ -63,6 +63,15 @@ type Config struct {
 	DebugLogDir string
 	// Logger receives diagnostics; nil means slog.Default().
 	Logger *slog.Logger
+	// NetHelper is the path of the network helper (safe-run-net) started
+	// for each networked sandbox; empty means safe-run-net beside Agent.
+	NetHelper string
+	// NetLink is the link of networked sandboxes: LinkTap, LinkVeth, or ""
+	// for a TAP if /dev/net/tun opens and a veth otherwise.
+	NetLink string
+	// NetworkCA is a PEM file of CAs networked sandboxes trust besides the
+	// image's: both are bound over the image's CA bundle.
+	NetworkCA string
 }
 
 // DefaultPlatform is the runsc platform sandboxes run on unless configured:

@@ -22,6 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	standInHelperMain() // network tests start this binary as a stand-in network helper
 	ShimMain()          // the runtime re-executes this test binary as its cgroup shim
 	UserNamespaceMain() // run as an ordinary user, the tests run in a user namespace
 	os.Exit(m.Run())

@@ -29,15 +29,17 @@ import (
 // `runsc run` to the removal of everything it left on the host. It is the
 // engine.Sandbox this backend hands out.
 type sandboxProc struct {
-	g    *Backend
-	id   string
-	log  *slog.Logger
-	dir  string   // bundle/, runsc/ (runsc --root), runsc.log, lock
-	lock *os.File // held while the sandbox lives; see reapStale
-	cg   *runCgroup
-	mem  *memoryWatch // the memory limit where there is no cgroup, else nil
-	cmd  *exec.Cmd
-	mark func(phase string)
+	g     *Backend
+	id    string
+	log   *slog.Logger
+	dir   string   // bundle/, runsc/ (runsc --root), runsc.log, lock
+	lock  *os.File // held while the sandbox lives; see reapStale
+	cg    *runCgroup
+	mem   *memoryWatch // the memory limit where there is no cgroup, else nil
+	cmd   *exec.Cmd
+	mark  func(phase string)
+	netNS *sandboxNet    // a networked sandbox's namespace and link, else nil
+	net   *netHelperProc // and its network helper
 
 	stdin  *os.File // the agent's requests
 	stdout *os.File // the agent's events
@@ -110,7 +112,7 @@ func (g *Backend) startSandbox(spec engine.StartSpec, restore string) (*sandboxP
 	p.dir = filepath.Join(g.cfg.StateDir, p.id)
 	g.live.Add(1) // until destroy
 	g.liveN.Add(1)
-	if err := p.setUp(spec.Job, spec.KeepAlive); err != nil {
+	if err := p.setUp(spec); err != nil {
 		_ = p.Destroy()
 		if errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) {
 			err = &partErr{part: ErrStateDirFull, class: sandbox.ErrExhausted,
@@ -121,17 +123,23 @@ func (g *Backend) startSandbox(spec engine.StartSpec, restore string) (*sandboxP
 	return p, nil
 }
 
-func (p *sandboxProc) setUp(job sandbox.Job, keepAlive bool) error {
+func (p *sandboxProc) setUp(start engine.StartSpec) error {
 	g := p.g
-	cfg, err := g.bundleConfig(job, keepAlive)
-	if err != nil {
-		return err
-	}
-	spec, err := bundle.Build(job, cfg)
+	job := start.Job
+	cfg, err := g.bundleConfig(job, start.KeepAlive)
 	if err != nil {
 		return err
 	}
 	if p.lock, err = createRunDir(p.dir); err != nil {
+		return err
+	}
+	if len(job.Network) > 0 {
+		if cfg.Network, err = p.setUpNetwork(cfg.Rootfs, job.Network, start.NetworkLimits); err != nil {
+			return err
+		}
+	}
+	spec, err := bundle.Build(job, cfg)
+	if err != nil {
 		return err
 	}
 	if err := bundle.Write(p.bundleDir(), spec); err != nil {
@@ -195,7 +203,17 @@ func (p *sandboxProc) shimArgs() []string {
 	args = append(args, "--", p.g.cfg.Runsc,
 		"--root", p.runscRoot(),
 		"--platform", p.g.cfg.Platform,
-		"--network", "none", // the sandbox gets only a loopback interface
+	)
+	switch {
+	case p.netNS == nil:
+		args = append(args, "--network", "none") // the sandbox gets only a loopback interface
+	case p.netNS.kind == LinkVeth:
+		// With GSO over AF_PACKET, connections stalled after the handshake.
+		args = append(args, "--network", "sandbox", "--gso=false")
+	default:
+		args = append(args, "--network", "sandbox")
+	}
+	args = append(args,
 		"--oci-seccomp",      // apply the bundle's seccomp filter inside gVisor
 		"--ignore-cgroups",   // safe-run owns the cgroup and starts runsc inside it
 		"--overlay2", "none", // the root is read-only; nothing needs an overlay
@@ -276,6 +294,10 @@ func (p *sandboxProc) remove() error {
 	if p.mem != nil {
 		p.mem.close()
 	}
+	if p.net != nil {
+		p.net.kill()
+	}
+	p.netNS.remove()
 	var errs []error
 	if err := removeRunDir(p.g, p.dir, p.id); err != nil {
 		errs = append(errs, err)
@@ -365,6 +387,7 @@ func cleanRunDir(g *Backend, dir, id string) error {
 			// runsc may stack several mounts on the same path.
 		}
 	}
+	unmountNetNS(filepath.Join(dir, netnsFile))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove state directory: %w", err))
 	}

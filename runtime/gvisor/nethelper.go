@@ -1,0 +1,320 @@
+package gvisor
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/safe-run/safe-run/bundle"
+	"github.com/safe-run/safe-run/egress"
+	"github.com/safe-run/safe-run/runtime/engine"
+)
+
+// helperReadyTimeout bounds how long the network helper may take to say
+// its stack is up; beyond it the sandbox fails to start.
+const helperReadyTimeout = 10 * time.Second
+
+// helperFinishTimeout bounds how long the helper may take, after its
+// input ends, to write its last records and exit.
+const helperFinishTimeout = 2 * time.Second
+
+// maxNetRecords caps the records a sandbox keeps between two takes.
+const maxNetRecords = 1000
+
+// netHelperProc is a sandbox's network helper (safe-run-net): the
+// user-space stack on the host side of the sandbox's link, which decides
+// every DNS question and connection and reports them as events.
+type netHelperProc struct {
+	cmd   *exec.Cmd
+	stdin *os.File
+	allow []string
+	done  chan struct{} // closed when the event stream has ended
+
+	mu       sync.Mutex
+	records  []egress.Connection
+	at       map[uint64]int // record index by connection ID, since the last take
+	dropped  int
+	failure  string
+	finished bool // its input was closed on purpose
+}
+
+var _ engine.NetworkReporter = (*sandboxProc)(nil)
+
+// startNetHelper starts the helper for the link n with the job's allowlist
+// and limits, and returns once it is ready.
+func (g *Backend) startNetHelper(n *sandboxNet, allow []string, limits egress.Limits) (*netHelperProc, error) {
+	path, err := g.cfg.netHelper()
+	if err != nil {
+		return nil, err
+	}
+	conf, err := json.Marshal(egress.HelperConfig{
+		Allow: allow, Limits: limits, Link: helperLink(n.kind), MTU: n.mtu,
+		Gateway: egress.GatewayAddr, Sandbox: egress.SandboxAddr, PrefixLen: egress.LinkPrefixLen,
+		HostAddrs: hostAddrs(),
+	})
+	if err != nil {
+		return nil, err
+	}
+	stdinR, stdinW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	eventsR, eventsW, err := os.Pipe()
+	if err != nil {
+		closeFiles(stdinR, stdinW)
+		return nil, err
+	}
+	h := &netHelperProc{stdin: stdinW, allow: allow, done: make(chan struct{}), at: map[uint64]int{}}
+	h.cmd = exec.Command(path)
+	h.cmd.Stdin, h.cmd.Stderr = stdinR, os.Stderr
+	h.cmd.ExtraFiles = []*os.File{n.file, eventsW} // fd 3, fd 4
+	h.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+	h.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if HostRoot() {
+		// It needs no privilege: the link is already open.
+		h.cmd.SysProcAttr.Credential = &syscall.Credential{Uid: 65534, Gid: 65534}
+	}
+	err = h.cmd.Start()
+	closeFiles(stdinR, eventsW)
+	if err != nil {
+		closeFiles(stdinW, eventsR)
+		return nil, fmt.Errorf("start network helper %s: %w", path, err)
+	}
+	// The helper holds the link now; ours would keep it open after it died.
+	n.file.Close()
+	n.file = nil
+	ready := make(chan error, 1)
+	go h.readEvents(eventsR, ready)
+	if _, err := stdinW.Write(append(conf, '\n')); err != nil {
+		h.kill()
+		return nil, fmt.Errorf("configure network helper: %w", err)
+	}
+	select {
+	case err = <-ready:
+	case <-time.After(helperReadyTimeout):
+		err = fmt.Errorf("the network helper was not ready after %s", helperReadyTimeout)
+	}
+	if err != nil {
+		h.kill()
+		return nil, err
+	}
+	return h, nil
+}
+
+// helperLink is HelperConfig.Link for a link kind.
+func helperLink(kind string) string {
+	if kind == LinkVeth {
+		return "packet"
+	}
+	return "tap"
+}
+
+// hostAddrs are the host's own addresses, which no sandbox may reach.
+func hostAddrs() []netip.Addr {
+	addrs, _ := net.InterfaceAddrs()
+	var out []netip.Addr
+	for _, a := range addrs {
+		if p, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(p.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out
+}
+
+// readEvents reads the helper's events until its stream ends: the first
+// must be ready (sent on ready), the rest are records.
+func (h *netHelperProc) readEvents(r *os.File, ready chan<- error) {
+	defer close(h.done)
+	defer r.Close()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	first := true
+	for sc.Scan() {
+		var ev egress.HelperEvent
+		if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+			h.fail(fmt.Sprintf("the network helper sent a bad event: %v", err))
+			break
+		}
+		switch {
+		case ev.Error != "":
+			h.fail("the network helper failed: " + ev.Error)
+		case ev.Ready && first:
+			first = false
+			ready <- nil
+		case ev.Conn != nil:
+			h.add(*ev.Conn)
+		}
+	}
+	_ = h.cmd.Wait()
+	if first {
+		ready <- fmt.Errorf("the network helper exited before it was ready (%v)%s", h.cmd.ProcessState, h.failureSuffix())
+		return
+	}
+	h.mu.Lock()
+	if !h.finished && h.failure == "" {
+		h.failure = fmt.Sprintf("the network helper exited during the run (%v): the sandbox had no network from then on", h.cmd.ProcessState)
+	}
+	h.mu.Unlock()
+}
+
+func (h *netHelperProc) failureSuffix() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.failure == "" {
+		return ""
+	}
+	return ": " + h.failure
+}
+
+func (h *netHelperProc) fail(msg string) {
+	h.mu.Lock()
+	if h.failure == "" {
+		h.failure = msg
+	}
+	h.mu.Unlock()
+}
+
+// add records c, merging a connection's records by ID since the last take
+// and counting those beyond the cap.
+func (h *netHelperProc) add(c egress.Connection) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if i, ok := h.at[c.ID]; ok && c.ID != 0 {
+		h.records[i] = c
+		return
+	}
+	if len(h.records) >= maxNetRecords {
+		h.dropped++
+		return
+	}
+	h.at[c.ID] = len(h.records)
+	h.records = append(h.records, c)
+}
+
+// take returns the report since the last take; final ends the helper
+// first, so that every connection's last record is in.
+func (h *netHelperProc) take(final bool) egress.Report {
+	if final {
+		h.finish()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rep := egress.Report{Allowlist: h.allow, Connections: h.records, Dropped: h.dropped, Failure: h.failure}
+	if rep.Connections == nil {
+		rep.Connections = []egress.Connection{}
+	}
+	h.records, h.dropped, h.at = nil, 0, map[uint64]int{}
+	return rep
+}
+
+// finish closes the helper's input, which makes it close every connection
+// and exit, and waits a bounded time for that.
+func (h *netHelperProc) finish() {
+	h.mu.Lock()
+	already := h.finished
+	h.finished = true
+	h.mu.Unlock()
+	if !already {
+		h.stdin.Close()
+	}
+	select {
+	case <-h.done:
+	case <-time.After(helperFinishTimeout):
+		h.fail(fmt.Sprintf("the network helper did not finish within %s; its last records are missing", helperFinishTimeout))
+		h.kill()
+	}
+}
+
+// kill ends the helper at once and waits for its event stream to end.
+func (h *netHelperProc) kill() {
+	h.mu.Lock()
+	h.finished = true
+	h.mu.Unlock()
+	_ = h.cmd.Process.Kill()
+	h.stdin.Close()
+	select {
+	case <-h.done:
+	case <-time.After(5 * time.Second):
+		// The stream may be held open by nobody else; Wait returns then.
+	}
+}
+
+// TakeNetwork hands over the network's records (engine.NetworkReporter).
+func (p *sandboxProc) TakeNetwork(final bool) egress.Report {
+	if p.net == nil {
+		return egress.Report{}
+	}
+	return p.net.take(final)
+}
+
+// resolvConf points the sandbox's resolver at the helper.
+var resolvConf = "nameserver " + egress.GatewayAddr.String() + "\n"
+
+// setUpNetwork gives the sandbox with image root rootfs its network: the
+// resolver and CA files in the run directory, the namespace and link, and
+// the helper, ready. Destroy removes them.
+func (p *sandboxProc) setUpNetwork(rootfs string, allow []string, limits egress.Limits) (*bundle.Network, error) {
+	g := p.g
+	kind, err := chooseLink(g.cfg.NetLink)
+	if err != nil {
+		return nil, err
+	}
+	bn := &bundle.Network{ResolvConf: filepath.Join(p.dir, "resolv.conf")}
+	if err := os.WriteFile(bn.ResolvConf, []byte(resolvConf), 0o644); err != nil {
+		return nil, fmt.Errorf("write resolv.conf: %w", err)
+	}
+	if bn.CABundle, err = p.caBundle(rootfs); err != nil {
+		return nil, err
+	}
+	if p.netNS, err = createNet(p.dir, kind); err != nil {
+		return nil, err
+	}
+	bn.NetNS = p.netNS.nsPath
+	p.mark("netns_created")
+	if p.net, err = g.startNetHelper(p.netNS, allow, limits); err != nil {
+		return nil, err
+	}
+	p.mark("net_helper_ready")
+	return bn, nil
+}
+
+// caBundle writes the CA bundle of a networked sandbox into the run
+// directory: the image's, plus Config.NetworkCA. An image without one gets
+// none bound (the mount point must exist), unless extra CAs were asked for.
+func (p *sandboxProc) caBundle(rootfs string) (string, error) {
+	image, err := os.ReadFile(filepath.Join(rootfs, bundle.CABundlePath))
+	missing := errors.Is(err, os.ErrNotExist)
+	if err != nil && !missing {
+		return "", fmt.Errorf("read the image's CA bundle: %w", err)
+	}
+	extra := p.g.cfg.NetworkCA
+	switch {
+	case missing && extra == "":
+		return "", nil
+	case missing:
+		return "", fmt.Errorf("the image has no %s to add the network CAs %s to; install ca-certificates in the image", bundle.CABundlePath, extra)
+	}
+	if extra != "" {
+		more, err := os.ReadFile(extra)
+		if err != nil {
+			return "", fmt.Errorf("read network CAs: %w", err)
+		}
+		image = append(append(image, '\n'), more...)
+	}
+	path := filepath.Join(p.dir, "ca-certificates.crt")
+	if err := os.WriteFile(path, image, 0o644); err != nil {
+		return "", fmt.Errorf("write CA bundle: %w", err)
+	}
+	return path, nil
+}
