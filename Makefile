@@ -9,7 +9,8 @@ GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') go.mod go.su
 TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_BIN=$(CURDIR)/bin/safe-run \
 	SAFE_RUN_RUNSC=$(CURDIR)/bin/runsc \
-	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent
+	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
+	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
 .PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 soak vet bench bench-check fuzz clean
 
@@ -19,7 +20,7 @@ PREFIX ?= /usr/local
 
 all: build runsc
 
-build: bin/safe-run bin/safe-run-agent
+build: bin/safe-run bin/safe-run-agent bin/safe-run-net
 
 bin/safe-run: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/safe-run
@@ -27,6 +28,11 @@ bin/safe-run: $(GO_SOURCES)
 # The agent runs inside every sandbox: static, small, nothing to load.
 bin/safe-run-agent: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/safe-run-agent
+
+# The network helper (one per networked sandbox, on the host): static like
+# the agent, and without cgo because its lockdown needs AllThreadsSyscall.
+bin/safe-run-net: $(GO_SOURCES)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/safe-run-net
 
 runsc: bin/runsc
 bin/runsc: scripts/runsc/go.mod scripts/runsc/go.sum scripts/build-runsc.sh
@@ -53,7 +59,7 @@ demo: deps build runsc rootfs
 
 install: build runsc
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 bin/safe-run bin/safe-run-agent bin/runsc $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/runsc $(DESTDIR)$(PREFIX)/bin/
 
 vet:
 	$(GO) vet ./...

@@ -1,0 +1,298 @@
+package netstack
+
+import (
+	"errors"
+	"io"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"time"
+
+	"gvisor.dev/gvisor/pkg/tcpip"
+	"gvisor.dev/gvisor/pkg/tcpip/adapters/gonet"
+
+	"github.com/safe-run/safe-run/egress"
+)
+
+// names hands names addresses from a prefix, the same address for a name
+// for the stack's life, up to a bound.
+type names struct {
+	mu     sync.Mutex
+	base   uint32
+	size   uint32
+	max    int
+	byName map[string]netip.Addr
+	byAddr map[netip.Addr]string
+}
+
+func newNames(p netip.Prefix, max int) *names {
+	b := p.Masked().Addr().As4()
+	return &names{
+		base:   uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]),
+		size:   1 << (32 - p.Bits()),
+		max:    max,
+		byName: map[string]netip.Addr{},
+		byAddr: map[netip.Addr]string{},
+	}
+}
+
+// addr is name's address; false when the table is full.
+func (n *names) addr(name string) (netip.Addr, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if a, ok := n.byName[name]; ok {
+		return a, true
+	}
+	off := uint32(len(n.byName)) + 1 // skip the network address
+	if len(n.byName) >= n.max || off >= n.size-1 {
+		return netip.Addr{}, false
+	}
+	v := n.base + off
+	a := netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+	n.byName[name], n.byAddr[a] = a, name
+	return a, true
+}
+
+// name is the name an address was handed out for.
+func (n *names) name(a netip.Addr) (string, bool) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	name, ok := n.byAddr[a]
+	return name, ok
+}
+
+// conn is one connection let through: the sandbox's side (down) and the
+// host's (up).
+type conn struct {
+	st  *Stack
+	rec egress.Connection
+
+	mu     sync.Mutex
+	reason string // why it was ended early, first wins
+	ep     tcpip.Endpoint
+	down   *gonet.TCPConn
+	up     net.Conn
+}
+
+// attach gives the connection its two sides; false when it was shut while
+// dialling (both are then closed).
+func (c *conn) attach(ep tcpip.Endpoint, down *gonet.TCPConn, up net.Conn) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reason != "" {
+		ep.Abort()
+		down.Close()
+		up.Close()
+		return false
+	}
+	c.ep, c.down, c.up = ep, down, up
+	return true
+}
+
+// shut ends the connection early: the sandbox sees a reset.
+func (c *conn) shut(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.reason == "" {
+		c.reason = reason
+	}
+	if c.ep != nil {
+		c.ep.Abort()
+		c.up.Close()
+	}
+}
+
+func (c *conn) shutReason() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reason
+}
+
+// serve checks the first bytes, then copies both ways until both are done
+// or a cap ends it, and writes the close record.
+func (c *conn) serve(t target) {
+	st := c.st
+	first, err := c.sniff(t)
+	if err != nil {
+		c.shut(err.Error())
+		c.down.Close()
+		c.rec.Decision, c.rec.Reason = egress.Denied, err.Error()
+		st.record(c.rec)
+		return
+	}
+	c.rec.Decision, c.rec.Open = egress.Allowed, true
+	c.rec = st.record(c.rec)
+
+	var out, in int64
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if len(first) > 0 && c.pass(c.up, first, &out, &st.bytesOut, st.cfg.Limits.MaxBytesOut, "out") != nil {
+			return
+		}
+		c.copy(c.up, c.down, &out, &st.bytesOut, st.cfg.Limits.MaxBytesOut, "out")
+	}()
+	c.copy(c.down, c.up, &in, &st.bytesIn, st.cfg.Limits.MaxBytesIn, "in")
+	<-done
+	c.down.Close()
+	c.up.Close()
+	c.rec.Open, c.rec.BytesOut, c.rec.BytesIn = false, out, in
+	c.rec.Reason = c.shutReason()
+	st.record(c.rec)
+}
+
+// copy moves bytes from src to dst until src ends (then half-closes dst)
+// or anything fails (then shuts the connection).
+func (c *conn) copy(dst, src net.Conn, n *int64, total interface{ Add(int64) int64 }, limit int64, dir string) {
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := src.Read(buf)
+		if k > 0 {
+			if c.pass(dst, buf[:k], n, total, limit, dir) != nil {
+				return
+			}
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) && c.shutReason() == "" {
+				if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+					cw.CloseWrite()
+					return
+				}
+			}
+			c.shut("")
+			return
+		}
+	}
+}
+
+// pass writes b to dst within the run's byte cap for dir.
+func (c *conn) pass(dst net.Conn, b []byte, n *int64, total interface{ Add(int64) int64 }, limit int64, dir string) error {
+	over := total.Add(int64(len(b))) - limit
+	if over > 0 {
+		b = b[:max(0, int64(len(b))-over)]
+	}
+	k, err := dst.Write(b)
+	*n += int64(k)
+	if over > 0 {
+		c.shut("byte cap of " + itoa(limit) + " " + dir + " reached")
+		return errCap
+	}
+	if err != nil {
+		c.shut("")
+	}
+	return err
+}
+
+var errCap = errors.New("byte cap reached")
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }
+
+// sniff reads the first bytes and checks the name they carry: on 443 a
+// TLS ClientHello whose SNI must be the name, on 80 an HTTP request whose
+// Host must be; on other ports the same when they look like either, else
+// nothing. IP-literal destinations (CIDR entries) carry no name to check.
+func (c *conn) sniff(t target) ([]byte, error) {
+	if t.name == "" {
+		return nil, nil
+	}
+	required := t.port == 443 || t.port == 80
+	wait := peekTimeout
+	if required {
+		wait = sniffTimeout
+	}
+	c.down.SetReadDeadline(time.Now().Add(wait))
+	defer c.down.SetReadDeadline(time.Time{})
+	buf := make([]byte, 0, 2048)
+	for {
+		if len(buf) == cap(buf) {
+			if len(buf) >= maxSniff {
+				return nil, deny("first bytes too long to find the name")
+			}
+			buf = append(buf, make([]byte, len(buf))...)[:len(buf)]
+		}
+		k, err := c.down.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+k]
+		if len(buf) > 0 {
+			kind := t.port
+			if !required {
+				switch {
+				case buf[0] == 0x16: // TLS handshake record
+					kind = 443
+				case looksHTTP(buf):
+					kind = 80
+				case len(buf) >= 8:
+					return buf, nil // neither: pass
+				}
+			}
+			var name string
+			var complete bool
+			var perr error
+			switch kind {
+			case 443:
+				name, complete, perr = egress.ParseSNI(buf)
+				if perr != nil {
+					return nil, deny("not a TLS ClientHello on port %d", t.port)
+				}
+				if complete {
+					return buf, checkName("SNI", name, t.name)
+				}
+			case 80:
+				name, complete, perr = egress.ParseHTTPHost(buf)
+				if perr != nil {
+					return nil, deny("not an HTTP request on port %d", t.port)
+				}
+				if complete {
+					return buf, checkName("Host header", name, t.name)
+				}
+			}
+		}
+		if err != nil {
+			if !required {
+				// Best effort off 80/443: a server that speaks first, or a
+				// protocol that only resembles TLS or HTTP, passes.
+				return buf, nil
+			}
+			if len(buf) == 0 {
+				if t.port == 443 {
+					return nil, deny("no TLS ClientHello")
+				}
+				return nil, deny("no HTTP request")
+			}
+			return nil, deny("first bytes incomplete: %v", cause(err))
+		}
+	}
+}
+
+// checkName says whether the name the first bytes carry is the one the
+// sandbox connected to.
+func checkName(what, got, want string) error {
+	if got == "" {
+		return deny("no %s", what)
+	}
+	n, err := egress.NormalizeName(got)
+	if err != nil || n != want {
+		return deny("%s names another host (%s)", what, clip(got))
+	}
+	return nil
+}
+
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+var httpMethods = []string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "OPTIONS ", "PATCH ", "CONNECT ", "TRACE "}
+
+// looksHTTP says whether b starts (or may start) an HTTP/1.x request.
+func looksHTTP(b []byte) bool {
+	for _, m := range httpMethods {
+		n := min(len(b), len(m))
+		if string(b[:n]) == m[:n] {
+			return true
+		}
+	}
+	return false
+}
