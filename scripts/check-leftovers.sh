@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # check-leftovers.sh — fail if any safe-run sandbox left something on this
-# host: a runsc process, a run's cgroup, a mount, or a per-run state directory.
+# host: a runsc process, a network helper (safe-run-net), a run's cgroup, a
+# mount (the null or the per-sandbox network namespace), a sandbox link's
+# address in the host's network namespace, or a per-run state directory.
 set -uo pipefail
 state=${SAFE_RUN_STATE_DIR:-/run/safe-run}
 bad=0
@@ -9,6 +11,14 @@ report() { echo "left behind: $*" >&2; bad=1; }
 while read -r pid args; do
 	report "process $pid: $args"
 done < <(pgrep -a -f 'runsc .*safe-run-[0-9a-f]{8}-' || true)
+while read -r pid args; do
+	report "network helper $pid: $args"
+done < <(pgrep -a -x safe-run-net || true)
+# A sandbox's link lives in its own network namespace, which goes with its
+# last process; its address (198.18.0.0/15) in the host's is a leak.
+while read -r line; do
+	report "link address $line"
+done < <(ip -o addr show 2>/dev/null | grep -E ' inet 198\.1[89]\.' || true)
 while read -r dir; do
 	report "cgroup $dir"
 done < <(find /sys/fs/cgroup -maxdepth 8 -type d -name 'safe-run-*' 2>/dev/null)
@@ -23,4 +33,4 @@ fi
 if ((bad)); then
 	exit 1
 fi
-echo "nothing left behind: no runsc process, cgroup, mount or state directory of a run" >&2
+echo "nothing left behind: no runsc process, network helper, cgroup, mount, link or state directory of a run" >&2

@@ -154,7 +154,7 @@ func (n *sandboxNet) setUp() error {
 func (n *sandboxNet) tap() (netlink.Link, error) {
 	f, err := openTun()
 	if err != nil {
-		return nil, fmt.Errorf("open /dev/net/tun: %w", err)
+		return nil, fmt.Errorf("%w; %s", err, networkFix(LinkTap, err))
 	}
 	var req [unix.IFNAMSIZ + 64]byte
 	copy(req[:], linkName)
