@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -17,8 +18,12 @@ import (
 // knows what it can use before it writes code.
 type Environment struct {
 	Languages []LanguageInfo `json:"languages"`
-	// Network is "none": nothing can be downloaded or installed.
+	// Network is "none" (nothing can be downloaded or installed) or
+	// "allowlist": a call that asks for it reaches what NetworkAccess lists.
 	Network string `json:"network"`
+	// NetworkAccess is what calls may ask to reach and install; nil
+	// without a network.
+	NetworkAccess *NetworkAccess `json:"network_access,omitempty"`
 	// Workdir is where code runs and input files are placed.
 	Workdir string `json:"workdir"`
 	// OutputDir is where code writes files it wants returned.
@@ -33,6 +38,22 @@ type Environment struct {
 	OutputFiles sandbox.OutputFileLimits `json:"output_files"`
 	// Images are the images run_code may choose with its image argument.
 	Images []string `json:"images,omitempty"`
+}
+
+// NetworkAccess describes the network calls may ask for (their network
+// and packages arguments).
+type NetworkAccess struct {
+	// Allowlist is the server's list, as canonical entries.
+	Allowlist []string `json:"allowlist"`
+	// Presets are the presets a call may name, each with its entries.
+	Presets map[string][]string `json:"presets,omitempty"`
+	// Packages are what calls may install: names, names with a version
+	// specifier, or "*".
+	Packages []string `json:"packages,omitempty"`
+	// PackageIndex names the indexes installs use instead of the public ones.
+	PackageIndex *sandbox.PackageIndex `json:"package_index,omitempty"`
+	// Limits cap each run's network (defaults filled in).
+	Limits egress.Limits `json:"limits"`
 }
 
 // SessionLimits describes the limits of sessions.
@@ -87,7 +108,10 @@ func ProbeEnvironment(ctx context.Context, runner sandbox.Runner) Environment {
 	env := Environment{
 		Network: "none", Workdir: "/workspace", OutputDir: "/workspace/" + outputDir,
 		DefaultLimits: limitsInfo(def), MaxLimits: limitsInfo(hi), OutputFiles: policy.OutputFileLimits(),
-		Images: policy.Images,
+		Images: policy.Images, NetworkAccess: networkAccess(policy),
+	}
+	if env.NetworkAccess != nil {
+		env.Network = "allowlist"
 	}
 	langs := policy.Languages
 	if len(langs) == 0 {

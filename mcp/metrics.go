@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -35,6 +36,8 @@ type Metrics struct {
 	cached   *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	starts   prometheus.Histogram
+	egress   *prometheus.CounterVec
+	bytes    *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics, the Go runtime's and the process's.
@@ -59,8 +62,16 @@ func NewMetrics(g Gauges) *Metrics {
 			Help:    "Time from starting a sandbox to its agent being ready.",
 			Buckets: []float64{0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2, 5, 10, 30, 60},
 		}),
+		egress: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "safe_run_egress_connections_total",
+			Help: "Network decisions of runs with a network, by decision (allowed, denied): TCP connections, DNS questions and dropped datagrams.",
+		}, []string{"decision"}),
+		bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "safe_run_egress_bytes_total",
+			Help: "Bytes carried by the allowed connections of runs with a network, by direction (out: sent by the sandbox, in: received).",
+		}, []string{"direction"}),
 	}
-	m.registry.MustRegister(m.runs, m.cached, m.duration, m.starts,
+	m.registry.MustRegister(m.runs, m.cached, m.duration, m.starts, m.egress, m.bytes,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -96,6 +107,30 @@ func (m *Metrics) observeRun(language, status string, d time.Duration, cached bo
 		m.runs.WithLabelValues(language, status).Inc()
 		m.duration.WithLabelValues(language).Observe(d.Seconds())
 	}
+}
+
+// observeNetwork counts a result's network records: each decision once
+// (a connection's open and close records share an ID, and its bytes are
+// counted from its last record of the result).
+func (m *Metrics) observeNetwork(r *egress.Report) {
+	if m == nil || r == nil {
+		return
+	}
+	counted := map[uint64]bool{}
+	last := map[uint64]egress.Connection{}
+	for _, c := range r.Connections {
+		if !counted[c.ID] {
+			counted[c.ID] = true
+			m.egress.WithLabelValues(c.Decision).Inc()
+		}
+		last[c.ID] = c
+	}
+	var out, in int64
+	for _, c := range last {
+		out, in = out+c.BytesOut, in+c.BytesIn
+	}
+	m.bytes.WithLabelValues("out").Add(float64(out))
+	m.bytes.WithLabelValues("in").Add(float64(in))
 }
 
 // Handler serves the metrics in the Prometheus text format.

@@ -75,4 +75,7 @@ func (m *Metrics) observeCall(language string, res sandbox.Result, err error) {
 		status = "refused"
 	}
 	m.observeRun(language, status, time.Duration(res.DurationMS)*time.Millisecond, res.Cached)
+	if err == nil && !res.Cached {
+		m.observeNetwork(res.Network)
+	}
 }

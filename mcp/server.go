@@ -66,8 +66,7 @@ func NewServer(cfg Config) *server.MCPServer {
 	s := server.NewMCPServer("safe-run", cfg.Version,
 		server.WithTitle("safe-run"),
 		server.WithDescription("Runs Python, Node and Bash code in isolated gVisor sandboxes"),
-		server.WithInstructions("Use run_code to execute code in a fresh sandbox with no network. "+
-			"Read the resource "+EnvironmentURI+" for interpreter versions, installed packages and limits."),
+		server.WithInstructions(instructions(cfg.Environment)),
 		server.WithToolCapabilities(false),
 		server.WithResourceCapabilities(false, false),
 		server.WithRecovery(),

@@ -69,6 +69,8 @@ type (
 	createSessionArgs struct {
 		Language       string   `json:"language"`
 		TimeoutSeconds *float64 `json:"timeout_seconds,omitempty"`
+		Network        []string `json:"network,omitempty" jsonschema:"what the session's programs may reach: allowlist entries or presets within the server's list; omit for no network"`
+		Packages       []string `json:"packages,omitempty" jsonschema:"packages to install when the session starts; they stay for its calls"`
 	}
 	closeSessionArgs struct {
 		SessionID string `json:"session_id" jsonschema:"a session_id returned by create_session"`
@@ -109,6 +111,7 @@ func sessionTools(env Environment) []sessionTool {
 			hints(false, false, false), func(s *jsonschema.Schema) {
 				s.Properties["language"].Enum = enum(env.names())
 				timeoutSchema(s.Properties["timeout_seconds"], "default timeout of each call in the session")
+				networkSchema(s.Properties, env.NetworkAccess)
 			}, (*handler).createSession),
 		newSessionTool("close_session", "End a session and free its sandbox; its state and files are discarded.",
 			hints(false, true, true), nil, (*handler).closeSession),
@@ -154,7 +157,7 @@ func (h *handler) addSessionTools(s *server.MCPServer) {
 }
 
 func (h *handler) createSession(ctx context.Context, args createSessionArgs) (*mcpgo.CallToolResult, error) {
-	spec := sandbox.SessionSpec{Language: args.Language, Owner: sandbox.OwnerFrom(ctx)}
+	spec := sandbox.SessionSpec{Language: args.Language, Owner: sandbox.OwnerFrom(ctx), Network: args.Network, Packages: args.Packages}
 	if t := args.TimeoutSeconds; t != nil {
 		var err error
 		if spec.Limits.Timeout, err = h.timeout(*t); err != nil {

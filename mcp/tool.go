@@ -17,6 +17,7 @@ import (
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
 	"github.com/mark3labs/mcp-go/server"
 
+	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -35,6 +36,8 @@ type runCodeArgs struct {
 	Files          []inputFile `json:"files,omitempty" jsonschema:"files to place in /workspace before the run"`
 	SessionID      string      `json:"session_id,omitempty" jsonschema:"run in this session (from create_session), keeping its state; omit for a fresh sandbox"`
 	Image          string      `json:"image,omitempty" jsonschema:"run in this image instead of the language's default one (see the environment resource)"`
+	Network        []string    `json:"network,omitempty" jsonschema:"what the program may reach: allowlist entries or presets within the server's list; omit for no network"`
+	Packages       []string    `json:"packages,omitempty" jsonschema:"packages to install before the code runs, e.g. requests==2.32.3; needs a network that reaches the language's index"`
 }
 
 // inputFile is a file of run_code's files argument, or write_file's.
@@ -59,6 +62,7 @@ type runCodeOutput struct {
 	Files           []outputFile   `json:"files"`
 	Cached          bool           `json:"cached,omitempty"`
 	StateLost       bool           `json:"state_lost,omitempty"`
+	Network         *egress.Report `json:"network,omitempty"`
 }
 
 type outputFile struct {
@@ -91,6 +95,22 @@ const outputSchema = `{
     "memory_peak_bytes": {"type": "integer", "description": "peak memory of the sandbox, 0 if unknown"},
     "message": {"type": "string", "description": "why the status is not ok"},
     "cached": {"type": "boolean", "description": "the result of an earlier identical call, reused; nothing ran"},
+    "network": {"type": "object", "description": "what the run's network saw, for a run with a network",
+      "properties": {
+        "allowlist": {"type": "array", "items": {"type": "string"}, "description": "the run's effective allowlist"},
+        "connections": {"type": "array", "description": "the host's decisions, in order",
+          "items": {"type": "object",
+            "properties": {
+              "id": {"type": "integer", "description": "a connection's open and close records share it"},
+              "kind": {"type": "string", "enum": ["tcp", "dns", "udp"]},
+              "name": {"type": "string"}, "port": {"type": "integer"}, "addr": {"type": "string", "description": "the address dialled from the host"},
+              "decision": {"type": "string", "enum": ["allowed", "denied"]}, "reason": {"type": "string"},
+              "bytes_out": {"type": "integer"}, "bytes_in": {"type": "integer"},
+              "open": {"type": "boolean", "description": "still open when the record was taken"}},
+            "required": ["id", "kind", "decision"]}},
+        "dropped": {"type": "integer", "description": "records beyond the cap, not listed"},
+        "failure": {"type": "string", "description": "the network failed during the run; from then on the sandbox had none"}},
+      "required": ["allowlist", "connections"]},
     "state_lost": {"type": "boolean", "description": "in a session: its interpreter or sandbox was restarted, and variables and imports of earlier calls are gone (message says whether files are too)"},
     "files": {"type": "array", "description": "files the program wrote to /workspace/out",
       "items": {"type": "object",
@@ -122,16 +142,17 @@ func runCodeTool(env Environment, maxTimeout time.Duration) mcpgo.Tool {
 	} else {
 		p["image"].Enum = enum(env.Images)
 	}
+	networkSchema(p, env.NetworkAccess)
 
 	tool := mcpgo.NewToolWithRawSchema("run_code", describeTool(env, maxTimeout), rawSchema(s))
 	mcpgo.WithRawOutputSchema(json.RawMessage(outputSchema))(&tool)
 	no := false
 	tool.Annotations = mcpgo.ToolAnnotation{
 		Title:           "Run code in a sandbox",
-		ReadOnlyHint:    &no, // it runs arbitrary code; that is not reading
-		DestructiveHint: &no, // nothing outside the throw-away sandbox changes
-		IdempotentHint:  &no, // programs may be random or time-dependent
-		OpenWorldHint:   &no, // the sandbox has no network
+		ReadOnlyHint:    &no,                           // it runs arbitrary code; that is not reading
+		DestructiveHint: &no,                           // nothing outside the throw-away sandbox changes
+		IdempotentHint:  &no,                           // programs may be random or time-dependent
+		OpenWorldHint:   ptr(env.NetworkAccess != nil), // only the hosts of the allowlist, when a call asks
 	}
 	return tool
 }
@@ -141,12 +162,12 @@ func describeTool(env Environment, maxTimeout time.Duration) string {
 	return fmt.Sprintf(`Run a program in a fresh, isolated sandbox (gVisor) and return its output.
 
 Languages: %s.%s
-%s There is no network: nothing can be downloaded or installed, so use only what is listed above.
+%s %s
 The code runs in /workspace (writable, %s) as an unprivileged user; the rest of the file system is read-only except /tmp. Files passed in "files" are placed in /workspace; open them by relative path.
 To return files, write them to /workspace/out/ (for example plt.savefig("out/plot.png"); matplotlib draws to files only). PNG, JPEG and GIF images up to %d megapixels come back as images; other files as resources, as plain text or bytes unless they are CSV, Markdown or JSON (SVG and HTML come back as their source text); at most %d files, %s each.
 Limits: timeout_seconds defaults to %g (at most %g); memory %s; %d processes and threads; stdout and stderr each keep %s (head and tail).
 Print results to stdout. A non-zero exit, an uncaught exception or a hit limit is reported as an error with the end of stderr.`,
-		env.describeLanguages(), describeImages(env), statefulness(env), sandbox.FormatBytes(d.WorkspaceBytes), maxImagePixels/1_000_000, of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
+		env.describeLanguages(), describeImages(env), statefulness(env), describeNetwork(env.NetworkAccess), sandbox.FormatBytes(d.WorkspaceBytes), maxImagePixels/1_000_000, of.MaxFiles, sandbox.FormatBytes(of.MaxFileBytes),
 		d.TimeoutSeconds, maxTimeout.Seconds(), sandbox.FormatBytes(d.MemoryBytes), d.Processes, sandbox.FormatBytes(d.OutputBytes))
 }
 
@@ -201,12 +222,16 @@ func (h *handler) parseArgs(raw any) (sandbox.Job, string, error) {
 	if err != nil {
 		return sandbox.Job{}, "", err
 	}
-	job := sandbox.Job{Language: args.Language, Code: args.Code, Image: args.Image, Stdin: []byte(args.Stdin), OutputDir: outputDir}
+	job := sandbox.Job{Language: args.Language, Code: args.Code, Image: args.Image, Stdin: []byte(args.Stdin), OutputDir: outputDir,
+		Network: args.Network, Packages: args.Packages}
 	if args.SessionID != "" && h.cfg.Sessions == nil {
 		return sandbox.Job{}, "", argError("session_id", "argument \"session_id\": this server offers no sessions")
 	}
 	if args.SessionID != "" && args.Image != "" {
 		return sandbox.Job{}, "", argError("image", "argument \"image\": a session keeps the image it started in; leave image out, or leave session_id out to run in a fresh sandbox")
+	}
+	if args.SessionID != "" && (len(args.Network) > 0 || len(args.Packages) > 0) {
+		return sandbox.Job{}, "", argError("network", "argument \"network\" or \"packages\": a session keeps the network and packages it was created with; pass them to create_session, or leave session_id out to run in a fresh sandbox")
 	}
 	if args.SessionID != "" {
 		if err := checkSessionID(args.SessionID); err != nil {
@@ -250,7 +275,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 		Stdout: res.Stdout, Stderr: res.Stderr,
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
-		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost,
+		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost, Network: reportOutput(res.Network),
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
@@ -341,6 +366,16 @@ func renderText(o runCodeOutput) string {
 	}
 	if o.Stdout == "" && o.Stderr == "" {
 		b.WriteString("(no output)\n")
+	}
+	if o.Network != nil {
+		b.WriteString("\n" + networkLine(o.Network) + "\n")
+		if o.Status == sandbox.StatusOK || o.Status == sandbox.StatusError {
+			// The status line shows the message otherwise; its network
+			// line names the denials.
+			if denials := networkDenials(o.Message); denials != "" {
+				b.WriteString(denials + "\n")
+			}
+		}
 	}
 	if len(o.Files) > 0 {
 		b.WriteString("\nfiles in /workspace/out:\n")

@@ -234,10 +234,14 @@ func validLanguageName(name string) bool {
 }
 
 // Validate reports a policy that cannot serve: a language table that
-// cannot run code, a maximum timeout beyond TimeoutCeiling, or a default
-// limit outside the policy's bounds.
+// cannot run code, network settings that cannot serve (validateNetwork),
+// a maximum timeout beyond TimeoutCeiling, or a default limit outside the
+// policy's bounds.
 func (p Policy) Validate() error {
 	if err := CheckLanguages(p.languages()); err != nil {
+		return err
+	}
+	if err := p.validateNetwork(); err != nil {
 		return err
 	}
 	def, lo, hi := p.Limits()
@@ -300,6 +304,13 @@ func (p Policy) Check(job Job) (Job, Language, error) {
 		if err := CheckPath(job.OutputDir); err != nil {
 			return job, lang, &InputError{Field: "output_dir", Msg: err.Error()}
 		}
+	}
+	network, err := p.checkNetwork(&job)
+	if err != nil {
+		return job, lang, err
+	}
+	if err := p.checkPackages(job, lang, network); err != nil {
+		return job, lang, err
 	}
 	def, lo, hi := p.Limits()
 	job.Limits = job.Limits.withDefaults(def)
@@ -403,8 +414,9 @@ func CheckPath(p string) error {
 // InputError is a job the policy refuses, naming the offending field and
 // what to do instead.
 type InputError struct {
-	// Field is the job field at fault: language, code, files, stdin, or a
-	// limit's name (timeout, memory, processes, cpus, output, ...).
+	// Field is the job field at fault: language, code, files, stdin,
+	// network, packages, or a limit's name (timeout, memory, processes,
+	// cpus, output, ...).
 	Field string
 	// Msg says what is wrong and how to fix it.
 	Msg string
