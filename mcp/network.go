@@ -30,9 +30,9 @@ func networkSchema(p map[string]*jsonschema.Schema, access *NetworkAccess) {
 		strings.Join(access.Packages, ", ") + "; needs network to reach the language's index (e.g. the pypi or npm preset)"
 }
 
-// networkLine sums up a run's network in one line, e.g. "network: 3
+// NetworkLine sums up a run's network in one line, e.g. "network: 3
 // connections allowed, 1 denied".
-func networkLine(r *egress.Report) string {
+func NetworkLine(r *egress.Report) string {
 	decided := map[uint64]string{}
 	var names int
 	for _, c := range r.Connections {
@@ -70,10 +70,10 @@ func plural(n int, one, many string) string {
 	return many
 }
 
-// networkDenials is the line of a result's message that names the denied
+// NetworkDenials is the line of a result's message that names the denied
 // attempts and a failure of the network (the engine appends it as
 // "network: denied …"), or "".
-func networkDenials(message string) string {
+func NetworkDenials(message string) string {
 	for _, line := range strings.Split(message, "\n") {
 		if strings.HasPrefix(line, "network: ") {
 			return line

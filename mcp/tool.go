@@ -368,11 +368,11 @@ func renderText(o runCodeOutput) string {
 		b.WriteString("(no output)\n")
 	}
 	if o.Network != nil {
-		b.WriteString("\n" + networkLine(o.Network) + "\n")
+		b.WriteString("\n" + NetworkLine(o.Network) + "\n")
 		if o.Status == sandbox.StatusOK || o.Status == sandbox.StatusError {
 			// The status line shows the message otherwise; its network
 			// line names the denials.
-			if denials := networkDenials(o.Message); denials != "" {
+			if denials := NetworkDenials(o.Message); denials != "" {
 				b.WriteString(denials + "\n")
 			}
 		}

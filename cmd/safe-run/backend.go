@@ -87,6 +87,7 @@ var (
 	userNamespaceFix     = gvisor.UserNamespaceFix
 	userNamespaceMain    = gvisor.UserNamespaceMain
 	shimMain             = gvisor.ShimMain
+	networkCheck         = gvisor.NetworkCheck
 )
 
 // backendHints say how to provide a part the backend found missing or

@@ -25,7 +25,8 @@ type check struct {
 func cmdDoctor(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	var host hostFlags
-	env := registerWithEnv(fs, host.register)
+	var net netFlags
+	env := registerWithEnv(fs, host.register, net.registerHost)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
@@ -37,7 +38,7 @@ func cmdDoctor(args []string) int {
 	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
-	checks := diagnose(&host)
+	checks := diagnose(&host, &net)
 	ok := true
 	for _, c := range checks {
 		ok = ok && c.OK
@@ -72,7 +73,7 @@ func cmdDoctor(args []string) int {
 
 // diagnose checks everything a run needs, in the order a newcomer would
 // fix them, and finally starts a real sandbox per language.
-func diagnose(host *hostFlags) []check {
+func diagnose(host *hostFlags, net *netFlags) []check {
 	var checks []check
 	add := func(c check) bool { checks = append(checks, c); return c.OK }
 
@@ -117,6 +118,10 @@ func diagnose(host *hostFlags) []check {
 	}
 	add(check{Name: "platform", OK: platformOK, Detail: "gVisor platform " + host.platform,
 		Fix: fixIf(!platformOK, "use --platform systrap (kvm needs /dev/kvm)")})
+
+	if userOK {
+		add(checkNetwork(host, net))
+	}
 
 	if !(runscOK && agentOK && imageOK && stateErr == nil && cgErr == nil && platformOK && userOK) {
 		add(check{Name: "sandbox", Detail: "not tried until the checks above pass"})

@@ -22,8 +22,9 @@ import (
 
 const runUsage = `Usage: safe-run run [flags] (-c CODE | FILE | -)
 
-Runs the code in a fresh gVisor sandbox with no network, a read-only root,
-and a private /workspace, then prints the program's output. The exit code
+Runs the code in a fresh gVisor sandbox with no network (unless --net
+names entries of --allow-net), a read-only root and a private /workspace,
+then prints the program's output. The exit code
 is the program's own, or 124 (timeout), 125 (sandbox error), 126 (out of
 memory), 128+N (killed by signal N), 2 (invalid input).
 
@@ -63,6 +64,9 @@ func cmdRun(args []string) int {
 	var (
 		host    hostFlags
 		audits  auditFlags
+		net     netFlags
+		asked   listFlag
+		pkgs    listFlag
 		lang    = fs.String("lang", "", "language: "+strings.Join(sandbox.Policy{}.LanguageNames(), ", ")+" or one of --languages (default: from FILE's extension)")
 		code    = fs.String("c", "", "the code to run")
 		asJSON  = fs.Bool("json", false, "print the result as one JSON object instead of the program's output")
@@ -74,11 +78,13 @@ func cmdRun(args []string) int {
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
-	env := registerWithEnv(fs, host.register, audits.register)
+	env := registerWithEnv(fs, host.register, audits.register, net.register)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
 	fs.Var(&files, "file", "copy HOST_PATH[:WORKSPACE_PATH] into /workspace before the run (repeatable)")
+	fs.Var(&asked, "net", "let the run reach these `ENTRY,...` of --allow-net: entries or presets (repeatable; default: no network)")
+	fs.Var(&pkgs, "packages", "install these `PKG,...` before the code runs (pip for python, npm for node); each allowed by --allow-packages, with --net reaching the index (repeatable)")
 	registerLimits(fs, &limits)
 	if code, done := parseFlags(fs, args); done {
 		return code
@@ -95,7 +101,7 @@ func cmdRun(args []string) int {
 	if err != nil {
 		return fail(err)
 	}
-	job.Limits = limits
+	job.Limits, job.Network, job.Packages = limits, asked, pkgs
 	if *outDir != "" {
 		job.OutputDir = "out"
 		if err := checkOutDir(*outDir, outOpts); err != nil {
@@ -104,7 +110,11 @@ func cmdRun(args []string) int {
 	}
 	// Check the job before looking for runsc and the image, so a mistake in
 	// the input is reported as such.
-	if _, _, err := (sandbox.Policy{Languages: host.languages}).Check(job); err != nil {
+	policy := sandbox.Policy{Languages: host.languages}
+	if err := net.policy(&policy); err != nil {
+		return fail(err)
+	}
+	if _, _, err := policy.Check(job); err != nil {
 		return fail(err)
 	}
 	// No log, no run: a run that could not be recorded must not happen.
@@ -117,6 +127,14 @@ func cmdRun(args []string) int {
 	cfg, err := host.runtimeConfig()
 	if err != nil {
 		return fail(err)
+	}
+	cfg.Engine.Policy.Network, cfg.Engine.Policy.NetworkLimits = policy.Network, policy.NetworkLimits
+	cfg.Engine.Policy.Packages, cfg.Engine.Policy.PackageIndex = policy.Packages, policy.PackageIndex
+	net.configure(&cfg)
+	if len(job.Network) > 0 {
+		if err := net.checkHost(cfg); err != nil {
+			return fail(err)
+		}
 	}
 	if *warm {
 		cfg.Engine.Pool = poolConfig{Size: map[string]int{job.Language: 1}, OnDemand: true}
@@ -157,13 +175,30 @@ func cmdRun(args []string) int {
 		if _, err := os.Stdout.Write(append(mcp.EscapeJSON(data), '\n')); err != nil {
 			return fail(err)
 		}
-	} else if res.Status != sandbox.StatusOK && res.Status != sandbox.StatusError {
-		fmt.Fprintf(os.Stderr, "safe-run: %s: %s\n", res.Status, res.Message)
+	} else {
+		printRunSummary(os.Stderr, res)
 	}
 	if saveErr != nil {
 		return fail(saveErr)
 	}
 	return exitCode(res)
+}
+
+// printRunSummary tells, after the program's own output, what is not in
+// it: a status other than the program's exit, and for a run with a
+// network one line of its connections and one naming its denials.
+func printRunSummary(w io.Writer, res sandbox.Result) {
+	ran := res.Status == sandbox.StatusOK || res.Status == sandbox.StatusError
+	if !ran {
+		fmt.Fprintf(w, "safe-run: %s: %s\n", res.Status, res.Message)
+	}
+	if res.Network == nil {
+		return
+	}
+	fmt.Fprintln(w, "safe-run: "+mcp.NetworkLine(res.Network))
+	if d := mcp.NetworkDenials(res.Message); d != "" && ran {
+		fmt.Fprintln(w, "safe-run: "+d)
+	}
 }
 
 // closeBackend ends the pool and the sessions and waits (a bounded time)

@@ -69,6 +69,7 @@ type serveConfig struct {
 	logLevel      string
 	images        string
 	audit         auditFlags
+	net           netFlags
 
 	// Resolved by gatherServe from the flags above.
 	policy  sandbox.Policy // the limits; the languages and images are the backend's
@@ -105,6 +106,7 @@ func (f *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.logLevel, "log-level", "info", "log `level`: debug, info, warn or error (logs go to stderr)")
 	fs.StringVar(&f.images, "images", "", "comma-separated `images` run_code may choose with its image argument")
 	f.audit.register(fs)
+	f.net.register(fs)
 }
 
 func cmdServe(args []string) int {
@@ -170,6 +172,9 @@ func gatherServe(args []string, lookupEnv func(string) (string, bool)) (serveCon
 	}
 	if err := f.policy.Validate(); err != nil {
 		return f, usageError("the configured limits are not valid: %v", err)
+	}
+	if err := f.net.policy(&f.policy); err != nil {
+		return f, err
 	}
 	token, err := readToken(f.token, f.tokenFile)
 	if err != nil {
@@ -246,6 +251,10 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 	}
 	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions, cfg.Engine.Pool = policy, logger, f.sessions, f.poolCfg
 	cfg.Backend.Logger, cfg.Backend.CheckpointDir = logger, f.pool.checkpointDir(f.host.cacheDir)
+	f.net.configure(&cfg)
+	if err := f.net.checkHost(cfg); err != nil {
+		return s, err
+	}
 	recorder := newRecorder(auditLog, logger)
 	if recorder != nil {
 		// Sessions also end without a call: idle, too old, or at exit.
