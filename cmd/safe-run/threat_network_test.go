@@ -53,6 +53,7 @@ type netServers struct {
 	udpPort     int
 	udpN        atomic.Int64
 	hostIP      string // a non-loopback address of the host, "" if it has none
+	rebind      string // a name with a dot the host resolves to a blocked address, "" if it has none
 	mu          sync.Mutex
 	requests    []netRequest
 	snis        []string
@@ -157,6 +158,7 @@ func startNetServers(t *testing.T) *netServers {
 	}()
 	t.Cleanup(func() { udp.Close() })
 	s.hostIP = hostAddress()
+	s.rebind = rebindName()
 	return s
 }
 
@@ -166,6 +168,32 @@ func hostAddress() string {
 	for _, a := range addrs {
 		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() && !p.Addr().IsLoopback() {
 			return p.Addr().String()
+		}
+	}
+	return ""
+}
+
+// rebindName returns a name of the host's /etc/hosts, with a dot (an
+// allowlist entry needs one), that maps to a blocked address: the
+// rebinding case's name. Such a name must be pinned to be reached.
+func rebindName() string {
+	data, _ := os.ReadFile("/etc/hosts")
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(strings.SplitN(line, "#", 2)[0])
+		if len(f) < 2 {
+			continue
+		}
+		addr, err := netip.ParseAddr(f[0])
+		if err != nil {
+			continue
+		}
+		if _, blocked := egress.Blocked(addr, nil); !blocked {
+			continue
+		}
+		for _, name := range f[1:] {
+			if strings.Contains(strings.Trim(name, "."), ".") {
+				return name
+			}
 		}
 	}
 	return ""
@@ -207,16 +235,19 @@ func testCA(t *testing.T, name string) ([]byte, tls.Certificate) {
 }
 
 // entries are the server's allowlist: the two servers pinned, the plain
-// one again under an IDN, and `localhost` on the plain server's port
-// without a pin — a name the host resolves to loopback, which only a pin
-// may reach.
+// one again under an IDN, and the rebinding name (if the host has one) on
+// the plain server's port without a pin — a name the host resolves to a
+// blocked address, which only a pin may reach.
 func (s *netServers) entries() []string {
-	return []string{
+	e := []string{
 		fmt.Sprintf("%s=127.0.0.1:%d", netAllowed, s.httpPort),
 		fmt.Sprintf("%s=127.0.0.1:%d", netSecure, s.tlsPort),
 		fmt.Sprintf("%s=127.0.0.1:%d", netIDN, s.httpPort),
-		fmt.Sprintf("localhost:%d", s.httpPort),
 	}
+	if s.rebind != "" {
+		e = append(e, fmt.Sprintf("%s:%d", s.rebind, s.httpPort))
+	}
+	return e
 }
 
 // sawToken reports whether a request whose path holds token arrived, and
@@ -340,6 +371,10 @@ type netCase struct {
 	// the upstream dial (made before the sandbox's handshake completes)
 	// has happened already.
 	dials []string
+	// needs, when set to "", skips the case: the host lacks what it needs
+	// (the rebinding case: a dotted name /etc/hosts maps to a blocked
+	// address).
+	needs string
 }
 
 // netCases are the attack list of issue 16 (and the positive flows that
@@ -441,12 +476,13 @@ raw("canary-gateway", "198.18.0.1", {{TCP_PORT}}, "/{{TOKEN}}/canary-gateway")
 			name: "an allowed name the host resolves to loopback, without a pin: refused (rebinding)", protection: "every resolved address checked against the blocked ranges in the dialer's Control hook (Blocked)",
 			lang: "python",
 			code: netPrelude + fmt.Sprintf(`
-a = dns("localhost")
+a = dns(%[2]q)
 out("dns", "answered" if a else "nxdomain")
-if a: raw("localhost", a, %[1]d, "/{{TOKEN}}/localhost", hosthdr="localhost")
-`, hp),
-			results: map[string]string{"dns": "answered", "localhost": wantRefused},
-			records: []wantRecord{{kind: egress.KindTCP, name: "localhost", port: hp, decision: egress.Denied, reason: "(?i)loopback|blocked|private"}},
+if a: raw("rebind", a, %[1]d, "/{{TOKEN}}/rebind", hosthdr=%[2]q)
+`, hp, s.rebind),
+			results: map[string]string{"dns": "answered", "rebind": wantRefused},
+			records: []wantRecord{{kind: egress.KindTCP, name: s.rebind, port: hp, decision: egress.Denied, reason: "(?i)loopback|blocked|private"}},
+			needs:   s.rebind,
 		},
 		{
 			name: "the allowed host on another port: refused", protection: "name:port matched at connect (Match)",
@@ -556,6 +592,11 @@ func newNetHarness(t *testing.T, extra ...string) *netHarness {
 		args = append(args, "--allow-net", e)
 	}
 	args = append(append(args, "--net-ca", s.caFile), extra...)
+	// The harness's own server (no network) stops first, with its warm
+	// pool: the host checks look at the new server's state only.
+	old := h.server
+	old.client.Close()
+	h.assertNoLeftovers(t, old.stateDir)
 	h.server = startServerEnv(t, "stdio", h.env(), append(append([]string{}, h.serverArgs...), args...)...)
 	h.serverPid = serverPid(t, h.server.stateDir)
 	h.pollIDs(h.server.stateDir)
@@ -661,6 +702,9 @@ func TestThreatNetwork(t *testing.T) {
 	for _, tc := range netCases(n.s) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Logf("protection: %s", tc.protection)
+			if strings.Contains(tc.name, "rebinding") && tc.needs == "" {
+				t.Skip("this host's /etc/hosts maps no name with a dot to a blocked address; add `127.0.0.1 rebind.safe-run.test` there to run this case")
+			}
 			for _, via := range []string{"cli", "mcp"} {
 				t.Run(via, func(t *testing.T) {
 					token := "tok-" + randomHex(6)
