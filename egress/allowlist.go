@@ -45,7 +45,10 @@ func NormalizeName(name string) (string, error) {
 		if err != nil {
 			return "", fmt.Errorf("host name %q is not a valid internationalised name: %v", name, err)
 		}
-		n = strings.TrimSuffix(a, ".")
+		if !strings.HasSuffix(name, ".") {
+			a = strings.TrimSuffix(a, ".") // a full stop IDNA maps to a dot
+		}
+		n = a
 	}
 	n = strings.ToLower(n)
 	if len(n) > maxNameLen {
@@ -111,7 +114,8 @@ func entryError(entry, format string, a ...any) error {
 	return fmt.Errorf("network entry %q: %s", entry, fmt.Sprintf(format, a...))
 }
 
-const entryHelp = "write a host name (pypi.org), a host and port (api.example.com:443), a wildcard (*.example.com), a CIDR (203.0.113.0/24, [2001:db8::/32]:443), a pin (mirror.example=10.1.2.3:443) or a preset (" + "%s" + ")"
+// entryHelp is the fix for an entry of no known form; %s is presetNames.
+const entryHelp = "write a host name (pypi.org), a host and port (api.example.com:443), a wildcard (*.example.com), a CIDR (203.0.113.0/24, [2001:db8::/32]:443), a pin (mirror.example=10.1.2.3:443) or a preset (%s)"
 
 func presetNames() string {
 	names := make([]string, 0, len(Presets))
@@ -267,18 +271,18 @@ func parseHost(raw, host string) (string, error) {
 	if strings.Contains(base, "*") {
 		return "", entryError(raw, "a wildcard is only allowed as the whole first label: write *.example.com")
 	}
-	if !strings.Contains(strings.TrimSuffix(base, "."), ".") {
-		if wild {
-			return "", entryError(raw, "a wildcard must cover a domain of at least two labels: write *.example.com, not *.com")
-		}
-		return "", entryError(raw, "not a preset (%s) nor a host name with a dot: write pypi.org or a preset", presetNames())
-	}
 	if _, err := netip.ParseAddr(strings.TrimSuffix(base, ".")); err == nil && !wild {
 		return "", entryError(raw, "an IP address is a CIDR entry: write it with its prefix length")
 	}
 	n, err := NormalizeName(base)
 	if err != nil {
 		return "", entryError(raw, "%v: write a host name like pypi.org", err)
+	}
+	if !strings.Contains(n, ".") {
+		if wild {
+			return "", entryError(raw, "a wildcard must cover a domain of at least two labels: write *.example.com, not *.com")
+		}
+		return "", entryError(raw, "not a preset (%s) nor a host name with a dot: write pypi.org or a preset", presetNames())
 	}
 	if wild {
 		return "*." + n, nil

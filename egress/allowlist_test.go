@@ -10,6 +10,7 @@ import (
 
 func TestNormalizeName(t *testing.T) {
 	long63 := strings.Repeat("a", 63)
+	name253 := long63 + "." + long63 + "." + long63 + "." + strings.Repeat("d", 61)
 	tests := []struct {
 		in, want string
 		err      string // a substring of the error; "" for none
@@ -25,6 +26,12 @@ func TestNormalizeName(t *testing.T) {
 		{"bücher。de", "xn--bcher-kva.de", ""}, // an ideographic full stop is a dot
 		{"a-b.example", "a-b.example", ""},
 		{long63 + ".example", long63 + ".example", ""},
+		{name253, name253, ""},
+		{name253 + ".", name253, ""},
+		{"x" + name253, "", "too long"},
+		{"bücher.de.", "xn--bcher-kva.de", ""},
+		{"bücher.de..", "", "empty label"},
+		{"bücher.de。.", "", "empty label"},
 		{"", "", "empty host name"},
 		{".", "", "empty host name"},
 		{"example..com", "", "empty label"},

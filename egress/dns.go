@@ -23,7 +23,8 @@ const MaxDNSQuery = 4096
 // answer (TTL DNSTTL). An allowed name's AAAA and other questions get an
 // empty NOERROR answer, so that resolvers fall back to IPv4 at once. name
 // is the question's name (normalised when it is a valid host name) and ok
-// says it was allowed. A query that cannot be read, or a response, gets
+// says it was allowed; a name that is no host name comes back with its
+// unprintable bytes escaped. A query that cannot be read, or a response, gets
 // an error and no reply; a query of another opcode, class or more than
 // one question gets a reply with an error code and ok false.
 func AnswerDNS(query []byte, lookup func(name string) (netip.Addr, bool)) (reply []byte, name string, ok bool, err error) {
@@ -62,7 +63,7 @@ func AnswerDNS(query []byte, lookup func(name string) (netip.Addr, bool)) (reply
 	raw := strings.TrimSuffix(q.Name.String(), ".")
 	name, nerr := NormalizeName(raw)
 	if nerr != nil {
-		name = strings.ToLower(raw)
+		name = printable(strings.ToLower(raw))
 	}
 	if q.Class != dnsmessage.ClassINET {
 		rh.RCode = dnsmessage.RCodeRefused
@@ -112,4 +113,18 @@ func buildDNS(h dnsmessage.Header, q *dnsmessage.Question, a *dnsmessage.AResour
 		return nil, "", false, fmt.Errorf("dns reply: %w", err)
 	}
 	return reply, "", false, nil
+}
+
+// printable is a name that is no host name, fit for a record and the
+// message a model reads: bytes other than printable ASCII as \xNN.
+func printable(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c > ' ' && c < 0x7f && c != '\\' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "\\x%02x", c)
+		}
+	}
+	return b.String()
 }

@@ -58,6 +58,11 @@ func ParseHTTPHost(b []byte) (host string, complete bool, err error) {
 		return "", false, errors.New("HTTP request with more than one Host header")
 	}
 	var fromTarget string
+	if !strings.HasPrefix(target, "/") && strings.Contains(target, "://") {
+		if _, ok := cutSchemePrefix(target); !ok {
+			return "", false, fmt.Errorf("HTTP request target %.80q: only http:// and https:// targets", target)
+		}
+	}
 	if rest, ok := cutSchemePrefix(target); ok {
 		authority, _, _ := strings.Cut(rest, "/")
 		authority, _, _ = strings.Cut(authority, "?")
@@ -160,9 +165,6 @@ func cutSchemePrefix(t string) (string, bool) {
 		if len(t) >= len(s) && strings.EqualFold(t[:len(s)], s) {
 			return t[len(s):], true
 		}
-	}
-	if strings.Contains(t, "://") {
-		return t, true // another scheme: hostOf refuses what follows
 	}
 	return "", false
 }

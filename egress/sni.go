@@ -12,7 +12,8 @@ const maxTLSRecord = 1 << 14
 // ParseSNI reads the server name of a TLS ClientHello, the first bytes a
 // client sends. complete false means b is a valid beginning and more bytes
 // are needed; name "" with complete true means the ClientHello names no
-// server. The name is normalised (see NormalizeName). A ClientHello must
+// server. The name is normalised (see NormalizeName), so that a trailing
+// dot, upper case or a Unicode spelling gets the name's decision. A ClientHello must
 // fit in the first TLS record (16 KiB, as every client sends it); anything
 // else, a repeated extension or an invalid name is an error.
 func ParseSNI(b []byte) (name string, complete bool, err error) {
@@ -102,6 +103,23 @@ func (c *cursor) vec(n int) (cursor, bool) {
 	return v, true
 }
 
+// item reads a type of typeLen bytes and a vector of a 2-byte length:
+// an extension, a server name.
+func (c *cursor) item(typeLen int) (int, cursor, bool) {
+	var typ int
+	var ok bool
+	if typeLen == 1 {
+		typ, ok = c.u8()
+	} else {
+		typ, ok = c.u16()
+	}
+	if !ok {
+		return 0, nil, false
+	}
+	v, ok := c.vec(2)
+	return typ, v, ok
+}
+
 func clientHelloSNI(c cursor) (string, error) {
 	if !c.skip(2 + 32) { // legacy_version, random
 		return "", errShort
@@ -125,11 +143,7 @@ func clientHelloSNI(c cursor) (string, error) {
 	seen := map[int]bool{}
 	name := ""
 	for len(exts) > 0 {
-		typ, ok := exts.u16()
-		if !ok {
-			return "", errShort
-		}
-		data, ok := exts.vec(2)
+		typ, data, ok := exts.item(2)
 		if !ok {
 			return "", errShort
 		}
@@ -157,11 +171,7 @@ func serverName(data cursor) (string, error) {
 	}
 	name := ""
 	for len(list) > 0 {
-		typ, ok := list.u8()
-		if !ok {
-			return "", errShort
-		}
-		n, ok := list.vec(2)
+		typ, n, ok := list.item(1)
 		if !ok {
 			return "", errShort
 		}
@@ -171,9 +181,8 @@ func serverName(data cursor) (string, error) {
 		if name != "" {
 			return "", errors.New("more than one server name")
 		}
-		if len(n) == 0 || n[len(n)-1] == '.' || !isASCII(string(n)) {
-			return "", fmt.Errorf("server name %q is not an ASCII host name without a trailing dot", n)
-		}
+		// RFC 6066 wants an ASCII name without a trailing dot; a client
+		// sending another spelling of the name gets the name's decision.
 		norm, err := NormalizeName(string(n))
 		if err != nil {
 			return "", fmt.Errorf("server name: %w", err)
