@@ -59,8 +59,11 @@ const (
 	// peekTimeout is how long other ports wait for first bytes before the
 	// connection is let through unsniffed (server-speaks-first protocols).
 	peekTimeout = 300 * time.Millisecond
-	// maxSniff caps the first bytes read to find the SNI or Host.
-	maxSniff = 16 << 10
+	// timeWait is the stack's TCP TIME-WAIT (see New).
+	timeWait = 100 * time.Millisecond
+	// maxSniff caps the first bytes read to find the SNI or Host: a whole
+	// TLS record (a ClientHello fits in one) with its header.
+	maxSniff = 5 + 1<<14
 )
 
 // Resolver resolves a host name on the host; tests inject one.
@@ -72,8 +75,6 @@ type Config struct {
 	Allow egress.Allowlist
 	// Limits cap the sandbox's network; zero fields take the defaults.
 	Limits egress.Limits
-	// MTU is the link's MTU.
-	MTU uint32
 	// Gateway is the helper's address on the link, PrefixLen its subnet's.
 	Gateway   netip.Addr
 	PrefixLen int
@@ -99,10 +100,14 @@ type Stack struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	recMu   sync.Mutex
-	nextID  atomic.Uint64
-	udpRate *rate.Limiter
-	dnsRate *rate.Limiter
+	recMu  sync.Mutex
+	nextID atomic.Uint64
+	// The rates of the records a sandbox can cause without bound (each
+	// UDP datagram, DNS question, refused connect); the rest are not
+	// written.
+	udpRate  *rate.Limiter
+	dnsRate  *rate.Limiter
+	denyRate *rate.Limiter
 
 	mu     sync.Mutex
 	open   map[*conn]struct{}
@@ -147,16 +152,23 @@ func New(ep stack.LinkEndpoint, cfg Config) (*Stack, error) {
 		TransportProtocols: []stack.TransportProtocolFactory{tcp.NewProtocol, udp.NewProtocol},
 		HandleLocal:        false,
 	})
+	// A short TIME-WAIT: the forwarder has no listener to hand a new SYN on
+	// a TIME-WAIT 4-tuple to, so the sandbox reusing a port (it picks them
+	// at random) would stall until TIME-WAIT ends; the link is one local
+	// hop, where the old duplicates TIME-WAIT guards against do not linger.
+	tw := tcpip.TCPTimeWaitTimeoutOption(timeWait)
+	s.SetTransportProtocolOption(tcp.ProtocolNumber, &tw)
 	ctx, cancel := context.WithCancel(context.Background())
 	st := &Stack{
-		cfg:     cfg,
-		s:       s,
-		names:   newNames(egress.SyntheticPrefix, MaxNames),
-		ctx:     ctx,
-		cancel:  cancel,
-		udpRate: rate.NewLimiter(10, 20),
-		dnsRate: rate.NewLimiter(100, 200),
-		open:    map[*conn]struct{}{},
+		cfg:      cfg,
+		s:        s,
+		names:    newNames(egress.SyntheticPrefix, MaxNames),
+		ctx:      ctx,
+		cancel:   cancel,
+		udpRate:  rate.NewLimiter(10, 20),
+		dnsRate:  rate.NewLimiter(100, 200),
+		denyRate: rate.NewLimiter(100, 300),
+		open:     map[*conn]struct{}{},
 	}
 	fail := func(op string, err tcpip.Error) (*Stack, error) {
 		cancel()
@@ -278,7 +290,11 @@ func (st *Stack) serveDNS() {
 		}
 		if err == nil && st.dnsRate.Allow() {
 			c := egress.Connection{Kind: egress.KindDNS, Name: name, Port: 53, Decision: egress.Allowed}
-			if !ok {
+			switch {
+			case ok:
+			case st.cfg.Allow.AllowsName(name):
+				c.Decision, c.Reason = egress.Denied, fmt.Sprintf("more than %d names asked for", MaxNames)
+			default:
 				c.Decision, c.Reason = egress.Denied, "not in the allowlist"
 			}
 			st.record(c)
@@ -312,8 +328,10 @@ func (st *Stack) forward(r *tcp.ForwarderRequest) {
 	rec := egress.Connection{Kind: egress.KindTCP, Port: port}
 	refuse := func(err error) {
 		r.Complete(true)
-		rec.Decision, rec.Reason = egress.Denied, err.Error()
-		st.record(rec)
+		if st.denyRate.Allow() {
+			rec.Decision, rec.Reason = egress.Denied, err.Error()
+			st.record(rec)
+		}
 	}
 	target, err := st.decide(dst, port, &rec)
 	if err != nil {

@@ -2,6 +2,7 @@ package netstack
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -11,7 +12,6 @@ import (
 	"net/http/httptest"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -26,8 +26,7 @@ import (
 type sandbox struct {
 	*netstacktest.Client
 	helper  *Stack
-	mu      sync.Mutex
-	records []egress.Connection
+	records netstacktest.Seen[egress.Connection]
 }
 
 func newSandbox(t testing.TB, allow []string, limits egress.Limits, resolve Resolver) *sandbox {
@@ -47,13 +46,9 @@ func newSandbox(t testing.TB, allow []string, limits egress.Limits, resolve Reso
 	}
 	sb := &sandbox{}
 	sb.helper, err = New(ep, Config{
-		Allow: a, Limits: limits, MTU: 1500, Gateway: egress.GatewayAddr, PrefixLen: egress.LinkPrefixLen,
+		Allow: a, Limits: limits, Gateway: egress.GatewayAddr, PrefixLen: egress.LinkPrefixLen,
 		Resolve: resolve,
-		Record: func(c egress.Connection) {
-			sb.mu.Lock()
-			sb.records = append(sb.records, c)
-			sb.mu.Unlock()
-		},
+		Record:  sb.records.Add,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -96,29 +91,25 @@ func get(c net.Conn, host string) (string, error) {
 // record after the connection is done).
 func (sb *sandbox) waitRecord(t testing.TB, want func(egress.Connection) bool) egress.Connection {
 	t.Helper()
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		sb.mu.Lock()
-		for _, r := range sb.records {
-			if want(r) {
-				sb.mu.Unlock()
-				return r
-			}
-		}
-		sb.mu.Unlock()
-	}
-	sb.mu.Lock()
-	defer sb.mu.Unlock()
-	t.Fatalf("no matching record among %+v", sb.records)
-	return egress.Connection{}
+	return sb.records.Wait(t, "matching record", want)
 }
 
 func upstream(t testing.TB) (plain, tlsSrv *httptest.Server) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Host) })
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Host == "big.test" {
+			w.Write(bytes.Repeat([]byte("x"), bigSize))
+			return
+		}
+		io.WriteString(w, "hello "+r.Host)
+	})
 	plain, tlsSrv = httptest.NewServer(h), httptest.NewTLSServer(h)
 	t.Cleanup(plain.Close)
 	t.Cleanup(tlsSrv.Close)
 	return plain, tlsSrv
 }
+
+// bigSize is the body upstream sends big.test.
+const bigSize = 8 << 20
 
 func portOf(s *httptest.Server) uint16 {
 	return netip.MustParseAddrPort(s.Listener.Addr().String()).Port()
@@ -135,6 +126,7 @@ func TestStackDecisions(t *testing.T) {
 		fmt.Sprintf("ok.test=127.0.0.1:%d", pp),
 		fmt.Sprintf("tls.test=127.0.0.1:%d", tp),
 		fmt.Sprintf("loop.test:%d", pp), // unpinned: resolves to loopback on the host
+		fmt.Sprintf("big.test=127.0.0.1:%d", pp),
 	}, egress.Limits{}, loopback)
 
 	denied := func(name, reason string) func(egress.Connection) bool {
@@ -168,6 +160,17 @@ func TestStackDecisions(t *testing.T) {
 		sb.waitRecord(t, func(c egress.Connection) bool {
 			return c.ID == open.ID && !c.Open && c.BytesOut > 0 && c.BytesIn > 0 && c.Addr == fmt.Sprintf("127.0.0.1:%d", pp)
 		})
+	})
+	t.Run("a large body arrives whole, counted", func(t *testing.T) {
+		addr, _ := sb.lookup(t, "big.test")
+		c, err := sb.Dial(addr, pp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if body, err := get(c, "big.test"); err != nil || len(body) != bigSize {
+			t.Fatalf("GET big.test: %d bytes, %v; want %d", len(body), err, bigSize)
+		}
+		sb.waitRecord(t, func(c egress.Connection) bool { return c.Name == "big.test" && !c.Open && c.BytesIn > bigSize })
 	})
 	t.Run("the same name gets the same address", func(t *testing.T) {
 		if again, _ := sb.lookup(t, "OK.test"); again != ok {
@@ -321,8 +324,9 @@ func BenchmarkRequest(b *testing.B) {
 	pp := portOf(plain)
 	sb := newSandbox(b, []string{fmt.Sprintf("ok.test=127.0.0.1:%d", pp)}, egress.Limits{MaxConnections: 1 << 30}, nil)
 	addr, _ := sb.lookup(b, "ok.test")
-	b.ResetTimer()
+	var took []time.Duration
 	for b.Loop() {
+		start := time.Now()
 		c, err := sb.Dial(addr, pp)
 		if err != nil {
 			b.Fatal(err)
@@ -330,5 +334,7 @@ func BenchmarkRequest(b *testing.B) {
 		if _, err := get(c, "ok.test"); err != nil {
 			b.Fatal(err)
 		}
+		took = append(took, time.Since(start))
 	}
+	netstacktest.ReportLatency(b, took)
 }

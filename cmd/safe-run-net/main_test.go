@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -35,7 +36,7 @@ var (
 // helperBin is $SAFE_RUN_NET_HELPER (make's TEST_ENV: bin/safe-run-net),
 // else the helper built as `make build` builds it (static, no cgo:
 // AllThreadsSyscall needs that).
-func helperBin(t *testing.T) string {
+func helperBin(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("SAFE_RUN_NET_HELPER"); p != "" {
 		return p
@@ -82,69 +83,113 @@ func TestLockdownRefuses(t *testing.T) {
 	}
 }
 
-// TestHelperProtocol runs the binary as the backend does, a socketpair
+// helper is the binary running as the backend runs it, a socketpair
 // standing in for the TAP device: config on stdin, the link on fd 3,
-// events on fd 4, EOF on stdin to finish.
-func TestHelperProtocol(t *testing.T) {
-	bin := helperBin(t)
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Host) }))
-	defer up.Close()
-	port := netip.MustParseAddrPort(up.Listener.Addr().String()).Port()
+// events on fd 4 (read all the time, as the backend must), EOF on stdin
+// to finish.
+type helper struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	stderr bytes.Buffer
+	client *netstacktest.Client
+	done   chan struct{} // the event stream ended
+	events netstacktest.Seen[egress.HelperEvent]
 
+	badLine error // the first event line that was no HelperEvent; read after done
+}
+
+func startHelper(tb testing.TB, bin string, allow []string, limits egress.Limits) *helper {
+	tb.Helper()
 	fds, err := netstacktest.Socketpair()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	linkFile := os.NewFile(uintptr(fds[0]), "link")
 	evR, evW, err := os.Pipe()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	cmd := exec.Command(bin)
-	cmd.ExtraFiles = []*os.File{linkFile, evW}
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
+	h := &helper{cmd: exec.Command(bin), done: make(chan struct{})}
+	h.cmd.ExtraFiles = []*os.File{linkFile, evW}
+	h.cmd.Stderr = &h.stderr
+	if h.stdin, err = h.cmd.StdinPipe(); err != nil {
+		tb.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	if err := h.cmd.Start(); err != nil {
+		tb.Fatal(err)
 	}
 	linkFile.Close()
 	evW.Close()
+	tb.Cleanup(func() { h.cmd.Process.Kill(); h.cmd.Wait() })
 	cfg, _ := json.Marshal(egress.HelperConfig{
-		Allow: []string{fmt.Sprintf("ok.test=127.0.0.1:%d", port)}, Link: "packet", MTU: 1500,
+		Allow: allow, Limits: limits, Link: "packet", MTU: 1500,
 		Gateway: egress.GatewayAddr, Sandbox: egress.SandboxAddr, PrefixLen: egress.LinkPrefixLen,
 	})
-	stdin.Write(append(cfg, '\n'))
-
-	events := make(chan egress.HelperEvent, 100)
+	h.stdin.Write(append(cfg, '\n'))
 	go func() {
-		defer close(events)
+		defer close(h.done)
 		sc := bufio.NewScanner(evR)
 		for sc.Scan() {
 			var ev egress.HelperEvent
-			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-				t.Errorf("event line %q: %v", sc.Bytes(), err)
+			if err := json.Unmarshal(sc.Bytes(), &ev); err != nil && h.badLine == nil {
+				h.badLine = fmt.Errorf("event line %q: %v", sc.Bytes(), err)
 			}
-			events <- ev
+			h.events.Add(ev)
 		}
 	}()
-	select {
-	case ev := <-events:
-		if !ev.Ready {
-			t.Fatalf("first event %+v; want ready\n%s", ev, stderr.String())
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatalf("no ready event\n%s", stderr.String())
+	h.events.Wait(tb, "ready event", func(ev egress.HelperEvent) bool { return ev.Ready }, &h.stderr)
+	if first := h.events.All()[0]; !first.Ready {
+		tb.Fatalf("first event %+v; want ready", first)
 	}
+	if h.client, err = netstacktest.NewClient(fds[1]); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { h.client.Close(); unix.Close(fds[1]) })
+	return h
+}
 
-	c, err := netstacktest.NewClient(fds[1])
-	if err != nil {
-		t.Fatal(err)
+// record waits for a connection record matching ok.
+func (h *helper) record(tb testing.TB, what string, ok func(egress.Connection) bool) {
+	tb.Helper()
+	h.events.Wait(tb, what+" record", func(ev egress.HelperEvent) bool { return ev.Conn != nil && ok(*ev.Conn) }, &h.stderr)
+}
+
+// finish closes stdin and waits for the exit.
+func (h *helper) finish(tb testing.TB) {
+	tb.Helper()
+	h.stdin.Close()
+	<-h.done
+	if err := h.cmd.Wait(); err != nil {
+		tb.Fatalf("helper exit: %v\n%s", err, h.stderr.String())
 	}
-	defer c.Close()
+	if h.badLine != nil {
+		tb.Fatal(h.badLine)
+	}
+}
+
+func upstream(tb testing.TB) uint16 {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "hello "+r.Host) }))
+	tb.Cleanup(up.Close)
+	return netip.MustParseAddrPort(up.Listener.Addr().String()).Port()
+}
+
+// get is one HTTP request to ok.test through the helper.
+func get(c *netstacktest.Client, addr netip.Addr, port uint16) (string, error) {
+	conn, err := c.Dial(addr, port)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(15 * time.Second))
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: ok.test\r\nConnection: close\r\n\r\n")
+	resp, err := io.ReadAll(conn)
+	return string(resp), err
+}
+
+func TestHelperProtocol(t *testing.T) {
+	port := upstream(t)
+	h := startHelper(t, helperBin(t), []string{fmt.Sprintf("ok.test=127.0.0.1:%d", port)}, egress.Limits{})
+	c := h.client
 	if _, found, err := c.Lookup("evil.test"); err != nil || found {
 		t.Fatalf("evil.test: found %v, %v; want NXDOMAIN", found, err)
 	}
@@ -152,15 +197,7 @@ func TestHelperProtocol(t *testing.T) {
 	if err != nil || !found {
 		t.Fatalf("ok.test: found %v, %v", found, err)
 	}
-	conn, err := c.Dial(addr, port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn.SetDeadline(time.Now().Add(15 * time.Second))
-	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: ok.test\r\nConnection: close\r\n\r\n")
-	resp, err := io.ReadAll(conn)
-	conn.Close()
-	if !strings.HasSuffix(string(resp), "hello ok.test") {
+	if resp, err := get(c, addr, port); !strings.HasSuffix(resp, "hello ok.test") {
 		t.Fatalf("response %q, %v", resp, err)
 	}
 	// A datagram to anywhere but the gateway's port 53 is dropped and recorded.
@@ -171,40 +208,55 @@ func TestHelperProtocol(t *testing.T) {
 	u.Write([]byte("quic?"))
 	u.Close()
 
-	var got []egress.Connection
-	want := func(name string, ok func(egress.Connection) bool) {
-		t.Helper()
-		deadline := time.After(20 * time.Second)
-		for {
-			for _, r := range got {
-				if ok(r) {
-					return
-				}
-			}
-			select {
-			case ev, more := <-events:
-				if !more {
-					t.Fatalf("no %s record among %+v\n%s", name, got, stderr.String())
-				}
-				if ev.Conn != nil {
-					got = append(got, *ev.Conn)
-				}
-			case <-deadline:
-				t.Fatalf("no %s record among %+v\n%s", name, got, stderr.String())
-			}
+	h.record(t, "dns denied", func(r egress.Connection) bool {
+		return r.Kind == egress.KindDNS && r.Name == "evil.test" && r.Decision == egress.Denied
+	})
+	h.record(t, "tcp open", func(r egress.Connection) bool { return r.Kind == egress.KindTCP && r.Name == "ok.test" && r.Open })
+	h.record(t, "tcp close", func(r egress.Connection) bool {
+		return r.Kind == egress.KindTCP && r.Name == "ok.test" && !r.Open && r.BytesIn > 0
+	})
+	h.record(t, "udp drop", func(r egress.Connection) bool { return r.Kind == egress.KindUDP && r.Addr == "203.0.113.7:443" })
+	h.finish(t)
+}
+
+// BenchmarkHelperRequest is one HTTP request through the helper binary
+// (DNS answered once); it reports the helper's peak RSS.
+func BenchmarkHelperRequest(b *testing.B) {
+	port := upstream(b)
+	h := startHelper(b, helperBin(b), []string{fmt.Sprintf("ok.test=127.0.0.1:%d", port)}, egress.Limits{MaxConnections: 1 << 30})
+	addr, _, err := h.client.Lookup("ok.test")
+	if err != nil {
+		b.Fatal(err)
+	}
+	idle := rssMiB(b, h.cmd.Process.Pid, "VmRSS")
+	var took []time.Duration
+	for b.Loop() {
+		start := time.Now()
+		if _, err := get(h.client, addr, port); err != nil {
+			b.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+	}
+	netstacktest.ReportLatency(b, took)
+	b.ReportMetric(idle, "idle-rss-MiB")
+	b.ReportMetric(rssMiB(b, h.cmd.Process.Pid, "VmHWM"), "peak-rss-MiB")
+	h.finish(b)
+}
+
+// rssMiB is a memory field of /proc/PID/status, in MiB.
+func rssMiB(tb testing.TB, pid int, field string) float64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if f := strings.Fields(line); len(f) == 3 && f[0] == field+":" {
+			kb, _ := strconv.Atoi(f[1])
+			return float64(kb) / 1024
 		}
 	}
-	want("dns denied", func(r egress.Connection) bool { return r.Kind == egress.KindDNS && r.Name == "evil.test" && r.Decision == egress.Denied })
-	want("tcp close", func(r egress.Connection) bool { return r.Kind == egress.KindTCP && r.Name == "ok.test" && !r.Open && r.BytesIn > 0 })
-	want("udp drop", func(r egress.Connection) bool { return r.Kind == egress.KindUDP && r.Addr == "203.0.113.7:443" })
-
-	stdin.Close() // finish
-	for range events {
-	}
-	if err := cmd.Wait(); err != nil {
-		t.Fatalf("helper exit: %v\n%s", err, stderr.String())
-	}
-	unix.Close(fds[1])
+	tb.Fatalf("no %s in /proc/%d/status", field, pid)
+	return 0
 }
 
 // TestHelperBadConfig: a bad configuration line is one error event and one

@@ -11,6 +11,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
+	"sync"
+	"testing"
 	"time"
 
 	"golang.org/x/net/dns/dnsmessage"
@@ -124,4 +127,51 @@ func (c *Client) Dial(addr netip.Addr, port uint16) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	return gonet.DialContextTCP(ctx, c.S, tcpip.FullAddress{NIC: 1, Addr: tcpip.AddrFrom4(addr.As4()), Port: port}, ipv4.ProtocolNumber)
+}
+
+// ReportLatency reports the median and 99th percentile of took.
+func ReportLatency(b *testing.B, took []time.Duration) {
+	if len(took) == 0 {
+		return
+	}
+	slices.Sort(took)
+	b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+}
+
+// Seen collects what a helper reports (records, events) for a test to
+// wait on; safe for concurrent use.
+type Seen[T any] struct {
+	mu    sync.Mutex
+	items []T
+}
+
+// Add appends v.
+func (s *Seen[T]) Add(v T) {
+	s.mu.Lock()
+	s.items = append(s.items, v)
+	s.mu.Unlock()
+}
+
+// All is what was added so far.
+func (s *Seen[T]) All() []T {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.items)
+}
+
+// Wait waits up to 20 s for an item matching ok and returns it; else the
+// test fails, listing what was seen and extra.
+func (s *Seen[T]) Wait(tb testing.TB, what string, ok func(T) bool, extra ...any) T {
+	tb.Helper()
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		for _, v := range s.All() {
+			if ok(v) {
+				return v
+			}
+		}
+	}
+	tb.Fatalf("no %s among %+v %v", what, s.All(), extra)
+	var zero T
+	return zero
 }
