@@ -87,10 +87,11 @@ var sessionMoves = map[sessionState][]sessionState{
 
 // session is one long-lived sandbox with a persistent interpreter.
 type session struct {
-	id     string
-	owner  string // sandbox.SessionSpec.Owner: only calls acting for it find the session
-	lang   sandbox.Language
-	limits sandbox.Limits // of the session's sandbox, and defaults of its calls
+	id      string
+	owner   string // sandbox.SessionSpec.Owner: only calls acting for it find the session
+	lang    sandbox.Language
+	limits  sandbox.Limits // of the session's sandbox, and defaults of its calls
+	network []string       // what its sandbox may reach (Job.Network), kept by every sandbox it gets
 
 	mu sync.Mutex // held by the boot and by each call: one at a time
 
@@ -175,7 +176,7 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 		return sandbox.SessionInfo{}, &sandbox.InputError{Field: "language", Msg: fmt.Sprintf("%q %v", lang.Name, sandbox.ErrSessionsUnsupported)}
 	}
 	t := e.table()
-	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, created: time.Now(), gone: make(chan struct{})}
+	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, network: job.Network, created: time.Now(), gone: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lastUsed.Store(s.created.UnixNano())
 	s.mu.Lock() // calls wait for the boot
@@ -220,7 +221,7 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 // and limits) and waits for its agent. On error nothing is left; the error
 // is of class unavailable unless the start was cancelled.
 func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box, error) {
-	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits}, true), "")
+	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits, Network: job.Network}, true), "")
 	if err == nil {
 		if err = b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
 			_ = b.destroy()
@@ -283,7 +284,7 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 		s.reportLost = true
 	}
 	if s.proc == nil {
-		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits})
+		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits, Network: s.network})
 		if err != nil {
 			return err
 		}

@@ -27,9 +27,6 @@ const helperReadyTimeout = 10 * time.Second
 // input ends, to write its last records and exit.
 const helperFinishTimeout = 2 * time.Second
 
-// maxNetRecords caps the records a sandbox keeps between two takes.
-const maxNetRecords = 1000
-
 // netHelperProc is a sandbox's network helper (safe-run-net): the
 // user-space stack on the host side of the sandbox's link, which decides
 // every DNS question and connection and reports them as events.
@@ -39,10 +36,9 @@ type netHelperProc struct {
 	allow []string
 	done  chan struct{} // closed when the event stream has ended
 
+	log egress.Log // the records since the last take
+
 	mu       sync.Mutex
-	records  []egress.Connection
-	at       map[uint64]int // record index by connection ID, since the last take
-	dropped  int
 	failure  string
 	finished bool // its input was closed on purpose
 }
@@ -73,7 +69,7 @@ func (g *Backend) startNetHelper(n *sandboxNet, allow []string, limits egress.Li
 		closeFiles(stdinR, stdinW)
 		return nil, err
 	}
-	h := &netHelperProc{stdin: stdinW, allow: allow, done: make(chan struct{}), at: map[uint64]int{}}
+	h := &netHelperProc{stdin: stdinW, allow: allow, done: make(chan struct{})}
 	h.cmd = exec.Command(path)
 	h.cmd.Stdin, h.cmd.Stderr = stdinR, os.Stderr
 	h.cmd.ExtraFiles = []*os.File{n.file, eventsW} // fd 3, fd 4
@@ -94,14 +90,15 @@ func (g *Backend) startNetHelper(n *sandboxNet, allow []string, limits egress.Li
 	n.file = nil
 	ready := make(chan error, 1)
 	go h.readEvents(eventsR, ready)
-	if _, err := stdinW.Write(append(conf, '\n')); err != nil {
-		h.kill()
-		return nil, fmt.Errorf("configure network helper: %w", err)
-	}
+	_, werr := stdinW.Write(append(conf, '\n'))
 	select {
 	case err = <-ready:
 	case <-time.After(helperReadyTimeout):
 		err = fmt.Errorf("the network helper was not ready after %s", helperReadyTimeout)
+	}
+	if werr != nil && err == nil {
+		// Its input closed, and yet ready: it cannot be told to finish.
+		err = fmt.Errorf("configure network helper: %w", werr)
 	}
 	if err != nil {
 		h.kill()
@@ -153,7 +150,7 @@ func (h *netHelperProc) readEvents(r *os.File, ready chan<- error) {
 			first = false
 			ready <- nil
 		case ev.Conn != nil:
-			h.add(*ev.Conn)
+			h.log.Add(*ev.Conn)
 		}
 	}
 	_ = h.cmd.Wait()
@@ -185,36 +182,20 @@ func (h *netHelperProc) fail(msg string) {
 	h.mu.Unlock()
 }
 
-// add records c, merging a connection's records by ID since the last take
-// and counting those beyond the cap.
-func (h *netHelperProc) add(c egress.Connection) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if i, ok := h.at[c.ID]; ok && c.ID != 0 {
-		h.records[i] = c
-		return
-	}
-	if len(h.records) >= maxNetRecords {
-		h.dropped++
-		return
-	}
-	h.at[c.ID] = len(h.records)
-	h.records = append(h.records, c)
-}
-
 // take returns the report since the last take; final ends the helper
 // first, so that every connection's last record is in.
 func (h *netHelperProc) take(final bool) egress.Report {
 	if final {
 		h.finish()
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	rep := egress.Report{Allowlist: h.allow, Connections: h.records, Dropped: h.dropped, Failure: h.failure}
+	rep := egress.Report{Allowlist: h.allow}
+	rep.Connections, rep.Dropped = h.log.Take()
 	if rep.Connections == nil {
 		rep.Connections = []egress.Connection{}
 	}
-	h.records, h.dropped, h.at = nil, 0, map[uint64]int{}
+	h.mu.Lock()
+	rep.Failure = h.failure
+	h.mu.Unlock()
 	return rep
 }
 
@@ -269,6 +250,10 @@ func (p *sandboxProc) setUpNetwork(rootfs string, allow []string, limits egress.
 	kind, err := chooseLink(g.cfg.NetLink)
 	if err != nil {
 		return nil, err
+	}
+	// The root is read-only: the file bound over must exist.
+	if _, err := os.Stat(filepath.Join(rootfs, bundle.ResolvConfPath)); err != nil {
+		return nil, fmt.Errorf("the image has no %s to point the sandbox's resolver at the host (%v); add the file to the image", bundle.ResolvConfPath, err)
 	}
 	bn := &bundle.Network{ResolvConf: filepath.Join(p.dir, "resolv.conf")}
 	if err := os.WriteFile(bn.ResolvConf, []byte(resolvConf), 0o644); err != nil {

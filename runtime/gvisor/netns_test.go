@@ -5,6 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime/engine"
@@ -66,13 +70,19 @@ func standInHelperMain() {
 func standInHelper(t *testing.T) (path, mark string) {
 	t.Helper()
 	path, mark = standInHelperB(t)
-	// Registered before the runtime's cleanup, so it runs after it.
+	checkNoHelperLeft(t, mark)
+	return path, mark
+}
+
+// checkNoHelperLeft fails t if, when the test ends, a process still names
+// mark. Called before the runtime is made, its cleanup runs after the
+// runtime's.
+func checkNoHelperLeft(t *testing.T, mark string) {
 	t.Cleanup(func() {
 		if pids := processesNaming([]byte(mark)); len(pids) > 0 {
 			t.Errorf("network helpers left running: %v", pids)
 		}
 	})
-	return path, mark
 }
 
 // standInHelperB is standInHelper without the check for leftovers.
@@ -222,8 +232,10 @@ func TestNetworkEndings(t *testing.T) {
 				t.Fatal(err)
 			}
 			wantStatus(t, res, tc.want)
-			if res.Network == nil {
-				t.Errorf("no network report")
+			// The helper outlives the sandbox's end, to hand over its
+			// last records.
+			if res.Network == nil || res.Network.Failure != "" {
+				t.Errorf("network report = %+v, want one without failure", res.Network)
 			}
 		})
 	}
@@ -303,9 +315,13 @@ func TestNetworkReapAfterCrash(t *testing.T) {
 
 // BenchmarkNetworkStart runs `pass` without a network and with each link,
 // interleaved so that the host's load falls on all alike, and reports
-// each one's median run time (p50_ms).
+// each one's median run time (p50_ms). The helper is $SAFE_RUN_NET_HELPER,
+// else the stand-in.
 func BenchmarkNetworkStart(b *testing.B) {
-	helper, _ := standInHelperB(b)
+	helper := os.Getenv("SAFE_RUN_NET_HELPER")
+	if helper == "" {
+		helper, _ = standInHelperB(b)
+	}
 	kinds := []string{"none", LinkTap, LinkVeth}
 	if f, err := openTun(); err != nil {
 		kinds = []string{"none", LinkVeth}
@@ -351,5 +367,264 @@ func BenchmarkNetworkStart(b *testing.B) {
 		d := times[k]
 		slices.Sort(d)
 		b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, k+"_p50_ms")
+	}
+}
+
+// realHelper is the network helper the integration tests use
+// ($SAFE_RUN_NET_HELPER, as make's TEST_ENV sets it).
+func realHelper(t *testing.T) string {
+	t.Helper()
+	path := os.Getenv("SAFE_RUN_NET_HELPER")
+	if path == "" {
+		if os.Getenv("SAFE_RUN_INTEGRATION") == "1" {
+			t.Fatal("SAFE_RUN_NET_HELPER is not set")
+		}
+		t.Skip("integration test needs the network helper (run `make test`)")
+	}
+	checkNoHelperLeft(t, path)
+	return path
+}
+
+// TestNetworkReachesPinnedServer: Python in a networked sandbox reaches a
+// server on the host's loopback through a pinned entry, over each link,
+// and the helper's decisions come back in the report; the same server's
+// address itself, and another name, stay out of reach.
+func TestNetworkReachesPinnedServer(t *testing.T) {
+	helper := realHelper(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "hello from %s", r.Host)
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	code := fmt.Sprintf(`
+import socket, urllib.request
+print(urllib.request.urlopen("http://srv.test:%[1]d/", timeout=10).read().decode())
+for host in ("127.0.0.1", "other.test"):
+    try:
+        socket.create_connection((host, %[1]d), timeout=5)
+        print(host, "reached")
+    except OSError as e:
+        print(host, "refused:", type(e).__name__)
+`, port)
+	for _, link := range []string{LinkTap, LinkVeth} {
+		t.Run(link, func(t *testing.T) {
+			if link == LinkTap {
+				f, err := openTun()
+				if err != nil {
+					t.Skipf("this user cannot open /dev/net/tun (%v): TestNetworkedSandbox checks that a TAP is refused", err)
+				}
+				f.Close()
+			}
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetLink = helper, link })
+			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+			wantStatus(t, res, sandbox.StatusOK)
+			want := fmt.Sprintf("hello from srv.test:%d\n127.0.0.1 refused: ", port)
+			if !strings.HasPrefix(res.Stdout, want) || !strings.Contains(res.Stdout, "other.test refused: ") {
+				t.Errorf("stdout = %q, want it to start %q and other.test refused", res.Stdout, want)
+			}
+			if res.Network == nil {
+				t.Fatalf("no network report; message %q", res.Message)
+			}
+			var allowed, denied int
+			for _, c := range res.Network.Connections {
+				switch {
+				case c.Decision == egress.Allowed && c.Kind == egress.KindTCP && c.Name == "srv.test":
+					allowed++
+					if c.Open || c.BytesIn == 0 {
+						t.Errorf("final record of the allowed connection: %+v, want closed with bytes", c)
+					}
+				case c.Decision == egress.Denied:
+					denied++
+				}
+			}
+			if allowed != 1 || denied == 0 || res.Network.Failure != "" {
+				t.Errorf("report = %+v, want one allowed connection to srv.test and denials", *res.Network)
+			}
+			if !strings.Contains(res.Message, "network: denied") {
+				t.Errorf("message lacks the denials: %q", res.Message)
+			}
+		})
+	}
+}
+
+// TestNetworkRealHelperKilled: killing the real helper mid-run leaves the
+// sandbox without network, and the run ends with its own status and the
+// failure reported.
+func TestNetworkRealHelperKilled(t *testing.T) {
+	helper := realHelper(t)
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = helper })
+	served := make(chan struct{}, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "ok")
+		select {
+		case served <- struct{}{}:
+		default:
+		}
+	}))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	code := fmt.Sprintf(`
+import time, urllib.request
+print(urllib.request.urlopen("http://srv.test:%d/", timeout=10).read().decode())
+time.sleep(5)
+try:
+    urllib.request.urlopen("http://srv.test:%d/", timeout=3)
+    print("reached after the kill")
+except OSError as e:
+    print("after the kill:", type(e).__name__)
+`, port, port)
+	uids := make(chan string, 1)
+	go func() {
+		defer close(uids)
+		// Killed while the program sleeps after its first request.
+		select {
+		case <-served:
+		case <-time.After(time.Minute):
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+		for _, pid := range processesNaming([]byte(helper)) {
+			status, _ := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			for _, line := range strings.Split(string(status), "\n") {
+				if rest, ok := strings.CutPrefix(line, "Uid:"); ok {
+					uids <- strings.Fields(rest)[0]
+				}
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}()
+	res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+	wantStatus(t, res, sandbox.StatusOK)
+	if !strings.HasPrefix(res.Stdout, "ok\n") || !strings.Contains(res.Stdout, "after the kill: ") {
+		t.Errorf("stdout = %q, want the first request through and the second failing", res.Stdout)
+	}
+	if res.Network == nil || !strings.Contains(res.Network.Failure, "exited during the run") {
+		t.Errorf("report = %+v, want a failure saying the helper died", res.Network)
+	}
+	// Host root starts the helper as nobody; a user, as itself.
+	want := "65534"
+	if !HostRoot() {
+		want = "0" // root of safe-run's user namespace, the user on the host
+	}
+	if uid := <-uids; uid != want {
+		t.Errorf("the helper ran as uid %q, want %s", uid, want)
+	}
+}
+
+// TestNetworkHelperBroken: a helper that fails before it is ready fails
+// the sandbox's start with the reason, and leaves nothing.
+func TestNetworkHelperBroken(t *testing.T) {
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exits := filepath.Join(dir, "exits")
+	if err := os.WriteFile(exits, []byte("#!/bin/sh\necho broken >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	failing := filepath.Join(dir, "fails")
+	if err := os.WriteFile(failing, []byte("#!/bin/sh\necho '{\"error\":\"no stack today\"}' >&4\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, helper, want string }{
+		{"missing", filepath.Join(dir, "nonexistent"), "start network helper"},
+		{"exits", exits, "exited before it was ready (exit status 3)"},
+		{"says why", failing, "no stack today"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper = tc.helper })
+			res := mustRun(t, rt, sandbox.Job{Language: "python", Code: "print(1)", Network: []string{"example.test"}})
+			wantStatus(t, res, sandbox.StatusSandboxError)
+			if !strings.Contains(res.Message, tc.want) {
+				t.Errorf("message = %q, want it to contain %q", res.Message, tc.want)
+			}
+		})
+	}
+}
+
+func TestChooseLink(t *testing.T) {
+	auto := LinkVeth
+	if f, err := openTun(); err == nil {
+		f.Close()
+		auto = LinkTap
+	}
+	for _, tc := range []struct{ in, want, err string }{
+		{"", auto, ""},
+		{"auto", auto, ""},
+		{"tap", LinkTap, ""},
+		{"veth", LinkVeth, ""},
+		{"wifi", "", `network link "wifi" is not one of auto, tap, veth`},
+	} {
+		got, err := chooseLink(tc.in)
+		if got != tc.want || (err == nil) != (tc.err == "") || err != nil && err.Error() != tc.err {
+			t.Errorf("chooseLink(%q) = %q, %v; want %q, %q", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestNetworkCA: a networked sandbox trusts the image's CAs and the
+// operator's extra ones, through the system bundle and Node's variable;
+// curl, which reads the bundle, reaches the pinned server.
+func TestNetworkCA(t *testing.T) {
+	helper := realHelper(t)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "curl ok") }))
+	defer srv.Close()
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	extra := filepath.Join(t.TempDir(), "extra.pem")
+	const marker = "# the operator's test CA"
+	if err := os.WriteFile(extra, []byte(marker+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rt := newTestRuntimeWith(t, func(cfg *testConfig) { cfg.NetHelper, cfg.NetworkCA = helper, extra })
+	image, err := os.ReadFile(filepath.Join(rt.cfg.Rootfs, bundle.CABundlePath))
+	if err != nil {
+		t.Fatalf("the default image has no CA bundle: %v", err)
+	}
+	code := fmt.Sprintf(`echo "$NODE_EXTRA_CA_CERTS"; wc -c < /etc/ssl/certs/ca-certificates.crt; tail -n 1 /etc/ssl/certs/ca-certificates.crt; curl -sS http://srv.test:%d/`, port)
+	res := mustRun(t, rt, sandbox.Job{Language: "bash", Code: code, Network: []string{fmt.Sprintf("srv.test=127.0.0.1:%d", port)}})
+	wantStatus(t, res, sandbox.StatusOK)
+	want := fmt.Sprintf("%s\n%d\n%s\ncurl ok", bundle.CABundlePath, len(image)+1+len(marker)+1, marker)
+	if res.Stdout != want {
+		t.Errorf("stdout = %q, want %q", res.Stdout, want)
+	}
+}
+
+func TestOthersCanExec(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Chmod(filepath.Dir(dir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	open, closed := filepath.Join(dir, "open"), filepath.Join(dir, "closed")
+	if err := os.Mkdir(open, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		path string
+		mode os.FileMode
+		ok   bool
+	}{
+		{filepath.Join(open, "x"), 0o755, false}, // dir, the temp dir, is 0700
+		{closed, 0o700, false},
+	} {
+		if err := os.WriteFile(tc.path, []byte("#!/bin/sh\n"), tc.mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := othersCanExec(tc.path); (err == nil) != tc.ok {
+			t.Errorf("othersCanExec(%s) = %v, want ok %v", tc.path, err, tc.ok)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := othersCanExec(filepath.Join(open, "x")); err != nil {
+		t.Errorf("othersCanExec of a 0755 file below 0755 directories: %v", err)
+	}
+	if err := othersCanExec(closed); err == nil {
+		t.Error("othersCanExec of a 0700 file: ok")
 	}
 }
