@@ -34,7 +34,7 @@ func networkSchema(p map[string]*jsonschema.Schema, access *NetworkAccess) {
 // connections allowed, 1 denied".
 func NetworkLine(r *egress.Report) string {
 	decided := map[uint64]string{}
-	var names int
+	refused := map[string]bool{} // a name is asked for once per address type
 	for _, c := range r.Connections {
 		switch {
 		case c.Kind == egress.KindTCP:
@@ -42,9 +42,10 @@ func NetworkLine(r *egress.Report) string {
 				decided[c.ID] = c.Decision
 			}
 		case c.Kind == egress.KindDNS && c.Decision == egress.Denied:
-			names++
+			refused[c.Name] = true
 		}
 	}
+	names := len(refused)
 	var allowed, denied int
 	for _, d := range decided {
 		if d == egress.Allowed {

@@ -1,6 +1,7 @@
 package mcp
 
 import (
+	"context"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -260,4 +261,31 @@ func counter(t *testing.T, m *Metrics, name, label string) float64 {
 		}
 	}
 	return -1
+}
+
+// specSessions is fakeSessions recording the specs of create_session.
+type specSessions struct {
+	fakeSessions
+	specs []sandbox.SessionSpec
+}
+
+func (s *specSessions) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (sandbox.SessionInfo, error) {
+	s.specs = append(s.specs, spec)
+	return s.fakeSessions.CreateSession(ctx, spec)
+}
+
+// create_session hands its network and packages to the sessions, which
+// check them with the policy when the session starts.
+func TestCreateSessionNetwork(t *testing.T) {
+	sessions := &specSessions{}
+	env := netTestEnv(t)
+	env.Sessions = &SessionLimits{MaxSessions: 1}
+	c := newClient(t, Config{Runner: &fakeRunner{policy: netTestPolicy(t)}, Sessions: sessions, Environment: env})
+	res := callTool(t, c, "create_session", map[string]any{"language": "python", "network": []any{"pypi"}, "packages": []any{"requests"}})
+	if res.IsError || len(sessions.specs) != 1 {
+		t.Fatalf("create_session: %s; %d sessions created", firstText(t, res), len(sessions.specs))
+	}
+	if got := sessions.specs[0]; strings.Join(got.Network, ",") != "pypi" || strings.Join(got.Packages, ",") != "requests" {
+		t.Errorf("session spec network %q, packages %q; want pypi, requests", got.Network, got.Packages)
+	}
 }

@@ -331,9 +331,17 @@ func (p *parser) attributes(lineNo int, s string) (Attrs, error) {
 			}
 			a.Image = t.value
 		case "network":
-			return a, p.errorf(lineNo, "network=%s needs the network allowlist, which this safe-run does not have yet: remove the attribute (blocks run without network)", t.value)
+			if err := value("pypi,api.example.com:443"); err != nil {
+				return a, err
+			}
+			for _, e := range strings.Split(t.value, ",") {
+				if e == "" {
+					return a, p.errorf(lineNo, "network=%s: an empty entry (separate entries by single commas)", t.value)
+				}
+				a.Network = append(a.Network, e)
+			}
 		default:
-			return a, p.errorf(lineNo, "unknown attribute %q: known are skip, should-fail, exit=N, timeout=DURATION, session=NAME, stdin=FILE, files=A,B, image=REF", t.key)
+			return a, p.errorf(lineNo, "unknown attribute %q: known are skip, should-fail, exit=N, timeout=DURATION, session=NAME, stdin=FILE, files=A,B, image=REF, network=ENTRY,...", t.key)
 		}
 	}
 	if a.ShouldFail && a.Exit != nil && *a.Exit == 0 {

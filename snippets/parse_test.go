@@ -111,6 +111,8 @@ func TestParseFences(t *testing.T) {
 		{"quoted values and tabs", "```bash\tstdin=\"my file.txt\"\tfiles='a b.csv' image=\"x\\\"y\"\n```\n",
 			nil, []blockSummary{{Line: 1, Language: "bash", Expected: "<none>", Attrs: Attrs{
 				Stdin: "my file.txt", Files: []string{"a b.csv"}, Image: `x"y`}}}},
+		{"network", "```python network=pypi,mirror.test=127.0.0.1:8443\n```\n",
+			nil, []blockSummary{{Line: 1, Language: "python", Expected: "<none>", Attrs: Attrs{Network: []string{"pypi", "mirror.test=127.0.0.1:8443"}}}}},
 		{"exit=0", "```bash exit=0\n```\n",
 			nil, []blockSummary{{Line: 1, Language: "bash", Expected: "<none>", Attrs: Attrs{Exit: intp(0)}}}},
 	} {
@@ -151,7 +153,7 @@ func TestParseErrors(t *testing.T) {
 		{"unterminated fence of an ignored language", "```ruby\nputs 1\n", 1, "unterminated"},
 		{"unknown attribute", "\n```python\n```\n\n```bash verbose\n```\n", 5, `unknown attribute "verbose"`},
 		{"unknown attribute with a value", "```bash color=red\n```\n", 1, `unknown attribute "color"`},
-		{"network refused", "```bash network=pypi\n```\n", 1, "network=pypi needs the network allowlist, which this safe-run does not have yet"},
+		{"empty network entry", "```bash network=pypi,,npm\n```\n", 1, "network=pypi,,npm: an empty entry"},
 		{"flag with a value", "```bash skip=yes\n```\n", 1, "skip takes no value"},
 		{"value missing", "```bash timeout\n```\n", 1, "timeout needs a value"},
 		{"empty value", "```bash session=\n```\n", 1, "session needs a value"},

@@ -34,7 +34,7 @@ type Attrs struct {
 	Stdin            string        // stdin=FILE (relative to the document's directory)
 	Files            []string      // files=a.csv,b.json (relative to the document's directory)
 	Image            string        // image=REF
-	Network          string        // network=... (accepted only once the allowlist exists: refuse for now)
+	Network          []string      // network=pypi,api.example.com:443 (entries of check's --allow-net)
 }
 
 // Expected is an expected-output block.

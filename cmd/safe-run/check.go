@@ -92,6 +92,7 @@ func (u *updateFlag) Set(s string) error {
 // checkConfig is everything check is told, gathered from its flags.
 type checkConfig struct {
 	host    hostFlags
+	net     netFlags
 	limits  sandbox.Limits
 	jobs    int
 	include globList
@@ -117,7 +118,7 @@ func gatherCheck(args []string) (checkConfig, int, bool) {
 		images  = fs.String("images", "", "comma-separated images that blocks may name with image= (default: none; blocks run in their language's image)")
 		preload = fs.String("preload", "", "modules the warm interpreters import, as `LANG=MOD,MOD;LANG=...` (default: none, which keeps each warm start cheapest)")
 	)
-	settings := registerWithEnv(fs, c.host.register)
+	settings := registerWithEnv(fs, c.host.register, c.net.register)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), checkUsage); printSettings(fs, settings) }
 	registerLimits(fs, &c.limits)
 	fs.IntVar(&c.jobs, "j", runtime.NumCPU(), "blocks of different documents and sessions run in parallel")
@@ -176,6 +177,9 @@ func cmdCheck(args []string) int {
 		return code
 	}
 	policy := sandbox.Policy{Languages: c.host.languageTable(), Default: c.limits, Images: c.images}
+	if err := c.net.policy(&policy); err != nil {
+		return fail(err)
+	}
 	if _, _, err := policy.Check(sandbox.Job{Language: policy.LanguageNames()[0], Code: "probe", Limits: c.limits}); err != nil {
 		return fail(usageError("%v", err))
 	}
@@ -204,6 +208,14 @@ func cmdCheck(args []string) int {
 		return fail(err)
 	}
 	cfg.Engine.Policy.Default, cfg.Engine.Policy.Images = c.limits, c.images
+	cfg.Engine.Policy.Network, cfg.Engine.Policy.NetworkLimits = policy.Network, policy.NetworkLimits
+	cfg.Engine.Policy.Packages, cfg.Engine.Policy.PackageIndex = policy.Packages, policy.PackageIndex
+	c.net.configure(&cfg)
+	if networked(docs) {
+		if err := c.net.checkHost(cfg); err != nil {
+			return fail(err)
+		}
+	}
 	cfg.Engine.Pool = checkPool(docs, c.jobs, c.env, c.preload)
 	if len(cfg.Engine.Pool.Size) > 0 {
 		cfg.Backend.CheckpointDir = checkpointDir(c.host.cacheDir)
@@ -301,6 +313,10 @@ func blockJob(path string, b snippets.Block, policy sandbox.Policy, c checkConfi
 	if b.Attrs.Session != "" && b.Attrs.Image != "" {
 		return job, docErr("image= cannot be given to a block of a session: a session runs in its language's image")
 	}
+	if b.Attrs.Session != "" && len(b.Attrs.Network) > 0 {
+		return job, docErr("network= cannot be given to a block of a session: run the block without session=")
+	}
+	job.Network = b.Attrs.Network
 	dir := filepath.Dir(path)
 	for _, name := range b.Attrs.Files {
 		data, exec, err := readDocumentFile(dir, name)
@@ -668,3 +684,15 @@ func (p *checkPrinter) done(i int) {
 
 // wait returns once every report is final.
 func (p *checkPrinter) wait() { <-p.all }
+
+// networked says whether a block of docs asks for a network (network=).
+func networked(docs []checkDoc) bool {
+	for _, d := range docs {
+		for _, j := range d.jobs {
+			if len(j.Network) > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

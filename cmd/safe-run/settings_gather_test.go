@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 // TestEnvNames checks that the environment variables derived from the flag
@@ -40,6 +42,10 @@ func TestEnvNames(t *testing.T) {
 		"images": "SAFE_RUN_IMAGES", "pool": "SAFE_RUN_POOL", "preload": "SAFE_RUN_PRELOAD",
 		"pool-memory": "SAFE_RUN_POOL_MEMORY", "checkpoints": "SAFE_RUN_CHECKPOINTS",
 	}
+	netHost := map[string]string{"net-link": "SAFE_RUN_NET_LINK", "net-helper": "SAFE_RUN_NET_HELPER"}
+	network := map[string]string{"allow-net": "SAFE_RUN_ALLOW_NET", "allow-packages": "SAFE_RUN_ALLOW_PACKAGES",
+		"net-max-connections": "SAFE_RUN_NET_MAX_CONNECTIONS", "net-max-bytes": "SAFE_RUN_NET_MAX_BYTES", "net-ca": "SAFE_RUN_NET_CA",
+		"pip-index-url": "SAFE_RUN_PIP_INDEX_URL", "npm-registry": "SAFE_RUN_NPM_REGISTRY"}
 	union := func(ms ...map[string]string) map[string]string {
 		out := map[string]string{}
 		for _, m := range ms {
@@ -49,15 +55,16 @@ func TestEnvNames(t *testing.T) {
 	}
 	var h hostFlags
 	var a auditFlags
+	var n netFlags
 	var f serveConfig
 	_, serveEnv := newServeFlags(&f)
 	for _, tc := range []struct {
 		command   string
 		got, want map[string]string
 	}{
-		{"serve", serveEnv, union(host, audits, serve)},
-		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register), union(host, audits)},
-		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register), host},
+		{"serve", serveEnv, union(host, audits, serve, network, netHost)},
+		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register, n.register), union(host, audits, network, netHost)},
+		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register, n.registerHost), union(host, netHost)},
 	} {
 		for name, want := range tc.want {
 			if got, ok := tc.got[name]; !ok || got != want {
@@ -88,11 +95,17 @@ type gathered struct {
 	token          string
 	pool           map[string]int
 	maxConnections int
+	network        string // the policy's allowlist, canonical, comma-separated
+	packages       string
+	netLimits      egress.Limits
+	pipIndex       string
 }
 
 func gatheredOf(f serveConfig) gathered {
 	return gathered{maxQueue: f.maxQueue, timeout: f.policy.Default.Timeout, maxSessions: f.sessions.MaxSessions,
-		cacheDir: f.host.cacheDir, token: f.token, pool: f.poolCfg.Size, maxConnections: f.httpLimits.maxConnections}
+		cacheDir: f.host.cacheDir, token: f.token, pool: f.poolCfg.Size, maxConnections: f.httpLimits.maxConnections,
+		network: strings.Join(f.policy.Network.Strings(), ","), packages: strings.Join(f.policy.Packages, ","),
+		netLimits: f.policy.NetworkLimits, pipIndex: f.policy.PackageIndex.PipIndexURL}
 }
 
 // TestGatherServe checks serve's configuration step as data: flags over
@@ -115,6 +128,9 @@ func TestGatherServe(t *testing.T) {
 	newServeFlags(&f) // the defaults
 	def := gatheredOf(f)
 	def.timeout, def.pool = 30*time.Second, map[string]int{"python": 2, "node": 1, "bash": 1}
+	def.netLimits = egress.Limits{MaxConnections: egress.DefaultMaxConnections, MaxBytesOut: egress.DefaultMaxBytes, MaxBytesIn: egress.DefaultMaxBytes}
+	netConfig := write("net.json", `{"allow-net": ["pypi", "mirror.test=127.0.0.1:8443"], "allow-packages": ["requests", "lodash@4.17.21"],
+		"net-max-connections": 8, "net-max-bytes": "64MiB", "pip-index-url": "https://mirror.test:8443/simple"}`, 0o600)
 
 	for _, tc := range []struct {
 		name    string
@@ -142,6 +158,24 @@ func TestGatherServe(t *testing.T) {
 			want: func(g *gathered) { g.timeout, g.maxSessions = 45*time.Second, 0 }},
 		{name: "pool", args: []string{"--pool", "python=3"}, want: func(g *gathered) { g.pool = map[string]int{"python": 3} }},
 		{name: "HTTP limits unchecked without --http", args: []string{"--max-connections", "0"}, want: func(g *gathered) { g.maxConnections = 0 }},
+		{name: "network from the config file", args: []string{"--config", netConfig}, want: func(g *gathered) {
+			g.network, g.packages, g.pipIndex = "pypi,mirror.test=127.0.0.1:8443", "requests,lodash@4.17.21", "https://mirror.test:8443/simple"
+			g.netLimits = egress.Limits{MaxConnections: 8, MaxBytesOut: 64 << 20, MaxBytesIn: 64 << 20}
+		}},
+		{name: "network flags repeated and comma lists", args: []string{"--allow-net", "pypi", "--allow-net", "npm,api.example.com:8080"},
+			want: func(g *gathered) { g.network = "pypi,npm,api.example.com:8080" }},
+		{name: "network from the environment over the config file", args: []string{"--config", netConfig}, env: map[string]string{"SAFE_RUN_ALLOW_NET": "npm,mirror.test=127.0.0.1:8443", "SAFE_RUN_ALLOW_PACKAGES": "left-pad"},
+			want: func(g *gathered) {
+				g.network, g.packages, g.pipIndex = "npm,mirror.test=127.0.0.1:8443", "left-pad", "https://mirror.test:8443/simple"
+				g.netLimits = egress.Limits{MaxConnections: 8, MaxBytesOut: 64 << 20, MaxBytesIn: 64 << 20}
+			}},
+		{name: "a mirror outside the allowlist", args: []string{"--config", netConfig}, env: map[string]string{"SAFE_RUN_ALLOW_NET": "npm"},
+			wantErr: "the pip index https://mirror.test:8443/simple is not in the network allowlist"},
+		{name: "a bad allowlist entry", args: []string{"--allow-net", "exa mple.com"}, wantErr: `--allow-net: network entry "exa mple.com"`},
+		{name: "a CIDR inside a blocked range", args: []string{"--allow-net", "10.0.0.0/8"}, wantErr: `--allow-net: network entry "10.0.0.0/8"`},
+		{name: "packages without a network", args: []string{"--allow-packages", "requests"}, wantErr: "packages are allowed but no network is"},
+		{name: "a bad link", args: []string{"--net-link", "wifi"}, wantErr: `--net-link "wifi": use auto, tap or veth`},
+		{name: "no connections", args: []string{"--allow-net", "pypi", "--net-max-connections", "0"}, wantErr: "--net-max-connections 0: give a positive number"},
 
 		{name: "bad flag", args: []string{"--max-queue", "x"}, wantErr: "exit status 2"},
 		{name: "bad environment value", env: map[string]string{"SAFE_RUN_MAX_QUEUE": "x"}, wantErr: `SAFE_RUN_MAX_QUEUE="x"`},
