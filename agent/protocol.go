@@ -60,6 +60,14 @@ type Request struct {
 	Files []File `json:"files,omitempty"`
 	// Argv is the program and its arguments; Argv[0] is looked up in PATH.
 	Argv []string `json:"argv"`
+	// Install, if set, is a program run before Argv (or the OpEval cell)
+	// in the workspace, as the program's user and with the same Env, that
+	// installs the packages the code needs; its output goes to the result's
+	// stderr after a header line. If it fails the code is not run and Exit
+	// has InstallFailed set.
+	Install []string `json:"install,omitempty"`
+	// InstallTimeout is Install's own wall-clock limit, part of Timeout.
+	InstallTimeout time.Duration `json:"install_timeout,omitempty"`
 	// Env is added to the agent's own environment for this program.
 	Env []string `json:"env,omitempty"`
 	// Stdin is the program's standard input.
@@ -164,6 +172,9 @@ type Exit struct {
 	// or the result of OpRead and OpList. In a session, collected files are
 	// those new or changed since the previous request.
 	Files []OutputFile `json:"files,omitempty"`
+	// InstallFailed says the request's Install step failed (Code, Signal
+	// and TimedOut are its) and the code was not run.
+	InstallFailed bool `json:"install_failed,omitempty"`
 	// StateLost says a session's interpreter had to be killed or died: the
 	// next request starts with a fresh one.
 	StateLost bool `json:"state_lost,omitempty"`

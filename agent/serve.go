@@ -135,6 +135,11 @@ func (s *server) run(req *Request) *Exit {
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: argv and a positive timeout are required"}
 	}
+	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
+	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
+	if exit := s.install(req, stderr); exit != nil {
+		return finishCaptures(exit, stdout, stderr)
+	}
 	start := time.Now()
 	pid, done, inW, outR, errR, err := s.launch(req.Argv, req.Env)
 	if err != nil {
@@ -146,8 +151,6 @@ func (s *server) run(req *Request) *Exit {
 		_, _ = inW.Write(req.Stdin)
 		inW.Close()
 	}()
-	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
-	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
 	var readers sync.WaitGroup
 	readers.Add(2)
 	go func() { defer readers.Done(); stdout.drain(outR) }()
@@ -176,11 +179,17 @@ func (s *server) run(req *Request) *Exit {
 	default:
 		exit.Code = ws.ExitStatus()
 	}
-	exit.StdoutBytes, exit.StdoutTail = stdout.Total(), stdout.Tail()
-	exit.StderrBytes, exit.StderrTail = stderr.Total(), stderr.Tail()
+	finishCaptures(exit, stdout, stderr)
 	if req.Collect != nil {
 		exit.Files = collect(s.cfg.Workdir, req.Collect, s.cfg.User)
 	}
+	return exit
+}
+
+// finishCaptures puts the totals and tails of the streams in exit.
+func finishCaptures(exit *Exit, stdout, stderr *streamCapture) *Exit {
+	exit.StdoutBytes, exit.StdoutTail = stdout.Total(), stdout.Tail()
+	exit.StderrBytes, exit.StderrTail = stderr.Total(), stderr.Tail()
 	return exit
 }
 

@@ -171,6 +171,11 @@ func (s *server) eval(req *Request) *Exit {
 	if strings.IndexByte(req.Code, 0) >= 0 || bytes.IndexByte(req.Stdin, 0) >= 0 {
 		return &Exit{Code: -1, Error: "code and stdin of a session call cannot contain NUL bytes"}
 	}
+	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
+	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
+	if exit := s.install(req, stderr); exit != nil {
+		return finishCaptures(exit, stdout, stderr)
+	}
 	start := time.Now()
 	go func() {
 		// A cell larger than the pipe waits for the driver to read it.
@@ -178,8 +183,6 @@ func (s *server) eval(req *Request) *Exit {
 		_, _ = it.commands.Write(msg)
 	}()
 
-	stdout := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: s.send}
-	stderr := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stderr, send: s.send}
 	streams := [2]*cellStream{
 		{capture: stdout, in: it.stdout, pending: it.carry[0]},
 		{capture: stderr, in: it.stderr, pending: it.carry[1]},

@@ -24,6 +24,11 @@ type Language struct {
 	// language use ("python", "node" or "bash"); empty means the language
 	// has no sessions.
 	Interpreter string `json:"interpreter,omitempty"`
+	// Install is the command that installs Job.Packages before the code
+	// runs, the packages appended to it, in the workspace as the program's
+	// user; empty means the language installs none (Policy.Check refuses
+	// packages for it).
+	Install []string `json:"install,omitempty"`
 	// Image is the image the language runs in, e.g. "ruby:3.3"; empty
 	// means the runner's default image.
 	Image string `json:"image,omitempty"`
@@ -31,8 +36,10 @@ type Language struct {
 
 // DefaultLanguages are the languages of the default image.
 var DefaultLanguages = []Language{
-	{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}, Interpreter: "python"},
-	{Name: "node", Filename: "main.js", Command: []string{"node", "main.js"}, Interpreter: "node"},
+	{Name: "python", Filename: "main.py", Command: []string{"python3", "-u", "main.py"}, Interpreter: "python",
+		Install: []string{"python3", "-m", "pip", "install", "--user", "--no-warn-script-location", "--disable-pip-version-check", "--progress-bar", "off", "--no-input", "--"}},
+	{Name: "node", Filename: "main.js", Command: []string{"node", "main.js"}, Interpreter: "node",
+		Install: []string{"npm", "install", "--no-audit", "--no-fund", "--no-update-notifier", "--no-save", "--"}},
 	{Name: "bash", Filename: "main.sh", Command: []string{"bash", "main.sh"}, Interpreter: "bash"},
 }
 

@@ -7,9 +7,11 @@
 # stderr, writes the end marker ($SAFE_RUN_MARKER) to both, and then a status line to
 # fd 4: "ok", "error", "interrupted", or "exit N".
 import ast
+import importlib
 import io
 import linecache
 import os
+import site
 import sys
 import traceback
 import warnings
@@ -34,7 +36,20 @@ def read_field():
         data += b
 
 
+def see_new_packages():
+    """Puts packages installed since this interpreter started on sys.path.
+
+    pip install --user (an install step, or pip run by an earlier cell)
+    creates the user site directory after startup, when site skipped it.
+    """
+    user_site = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and user_site not in sys.path and os.path.isdir(user_site):
+        site.addsitedir(user_site)
+    importlib.invalidate_caches()
+
+
 def run_cell(n, code):
+    see_new_packages()
     name = "<cell %d>" % n
     linecache.cache[name] = (len(code), None, code.splitlines(True), name)
     tree = ast.parse(code, filename=name, mode="exec")

@@ -98,6 +98,18 @@ def reseed():
         tf._name_sequence = None
 
 
+def see_new_packages():
+    """Puts packages the install step put in the user site on sys.path: it
+    ran after this interpreter started, when site skipped the directory."""
+    import importlib
+    import site
+
+    user_site = site.getusersitepackages()
+    if site.ENABLE_USER_SITE and user_site not in sys.path and os.path.isdir(user_site):
+        site.addsitedir(user_site)
+    importlib.invalidate_caches()
+
+
 def run(argv):
     import atexit
     import builtins
@@ -110,6 +122,7 @@ def run(argv):
     path = os.path.abspath(argv[i])
     sys.argv = argv[i:]
     sys.path[0] = os.path.dirname(path)
+    see_new_packages()
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__builtins__ = builtins

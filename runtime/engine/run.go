@@ -122,6 +122,8 @@ func outcome(res sandbox.Result, job sandbox.Job, exit *agent.Exit, end ending, 
 	case oomKills > 0:
 		res.Status = sandbox.StatusOOM
 		res.Message = fmt.Sprintf("the program exceeded its memory limit of %s and the sandbox was killed", sandbox.FormatBytes(limits.MemoryBytes))
+	case exit != nil && exit.InstallFailed:
+		return installFailed(res, exit, limits.Timeout)
 	case end.timedOut || exit != nil && exit.TimedOut:
 		res.Status = sandbox.StatusTimeout
 		res.Message = fmt.Sprintf("the program did not finish within its %s timeout and was killed", limits.Timeout)
@@ -174,7 +176,7 @@ func (e *Engine) request(job sandbox.Job, lang sandbox.Language) agent.Request {
 		OutputBytes: job.Limits.OutputBytes,
 		Collect:     e.collect(job),
 	}
-	return req
+	return e.withPackages(req, job, lang)
 }
 
 func agentFiles(files []sandbox.File) []agent.File {

@@ -93,6 +93,8 @@ type session struct {
 	limits  sandbox.Limits // of the session's sandbox, and defaults of its calls
 	network []string       // what its sandbox may reach (Job.Network), kept by every sandbox it gets
 
+	pkgs sessionPackages // what its sandboxes install before their first cell
+
 	mu sync.Mutex // held by the boot and by each call: one at a time
 
 	// stMu guards state and why, and proc whenever the state changes; in
@@ -177,6 +179,7 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 	}
 	t := e.table()
 	s := &session{id: newSessionID(), owner: spec.Owner, lang: lang, limits: job.Limits, network: job.Network, created: time.Now(), gone: make(chan struct{})}
+	s.pkgs.packages = job.Packages
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.lastUsed.Store(s.created.UnixNano())
 	s.mu.Lock() // calls wait for the boot
@@ -367,10 +370,12 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 		Files: agentFiles(job.Files), Timeout: job.Limits.Timeout, OutputBytes: job.Limits.OutputBytes,
 		Collect: e.collect(job),
 	}
+	req = e.withPackages(req, s.pkgs.job(job, s.network, p), s.lang)
 	stdout, stderr := newStreams(job)
 	// The agent interrupts the cell at its timeout and kills the
 	// interpreter agent.InterruptGrace later; the host waits a little longer.
 	exit, end := p.request(ctx, req, e.eventBudget(job), job.Limits.Timeout+agent.InterruptGrace+killGrace+time.Second, stdout, stderr)
+	s.pkgs.done(p, exit)
 	res = finishStreams(res, exit, stdout, stderr)
 	res.Files = e.outputFiles(job, exit)
 	lost := s.reportLost
