@@ -111,7 +111,7 @@ func TestNetworkIntegration(t *testing.T) {
 		id := info["session_id"]
 		defer ts.tool(t, "close_session", map[string]any{"session_id": id})
 		code := fmt.Sprintf("import urllib.request\nprint(urllib.request.urlopen('http://%s:%d/session', timeout=10).read().decode())", netAllowed, s.httpPort)
-		for call := range 2 {
+		for call := range 3 {
 			res, out := ts.tool(t, "run_code", map[string]any{"session_id": id, "language": "python", "code": code})
 			if res.IsError {
 				t.Fatalf("call %d: %s", call, text(res))
@@ -119,6 +119,7 @@ func TestNetworkIntegration(t *testing.T) {
 			if stdout, _ := out["stdout"].(string); !strings.Contains(stdout, netBody) {
 				t.Errorf("call %d: stdout %q", call, stdout)
 			}
+			t.Logf("call %d: network %v", call, out["network"])
 			// Each call reports its own connections, not the session's so far.
 			if n, _ := allowedRecords(structuredReport(t, out), netAllowed); n != 1 {
 				t.Errorf("call %d: %d allowed connections in its report, want 1: %v", call, n, out["network"])
