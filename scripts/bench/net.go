@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -183,13 +182,5 @@ func netMain(o options) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	table := rep.markdown()
-	fmt.Print(table)
-	must(os.MkdirAll(o.out, 0o755))
-	js, _ := json.MarshalIndent(rep, "", "  ")
-	must(os.WriteFile(filepath.Join(o.out, "net.json"), append(js, '\n'), 0o644))
-	must(os.WriteFile(filepath.Join(o.out, "net.md"), []byte(table), 0o644))
-	if o.readme != "" {
-		must(replaceMarked(o.readme, "bench-net", table))
-	}
+	writeReport(o, "net", "bench-net", rep, rep.markdown())
 }
