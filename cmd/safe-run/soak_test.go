@@ -34,6 +34,9 @@ type soakKind struct {
 	status           string
 	exitCode         int
 	stdout           string // a prefix the stdout must have
+	// network: the run asks for the soak's pinned test server
+	// ({{NET_URL}} in code is its URL), which the server allows.
+	network bool
 }
 
 // soakKinds is the mix, taken round-robin.
@@ -52,6 +55,13 @@ var soakKinds = []soakKind{
 	{name: "node oom", lang: "node", code: "const a = []; for (;;) a.push(Buffer.alloc(8 << 20, 1));", status: "oom", exitCode: -1},
 	{name: "bash signal", lang: "bash", code: "kill -SEGV $$", status: "killed", exitCode: -1},
 	{name: "python files", lang: "python", code: "open('out/r.txt', 'w').write('r')\nprint('wrote')", status: "ok", stdout: "wrote\n"},
+	// Runs with a network: each gets a network namespace and helper of its
+	// own, which every ending must remove.
+	{name: "python network", lang: "python", network: true, code: "import urllib.request\nprint(urllib.request.urlopen('{{NET_URL}}', timeout=20).read().decode())",
+		status: "ok", stdout: netBody},
+	{name: "bash network denied", lang: "bash", network: true, code: "curl -sS --max-time 5 http://" + netDenied + "/ >/dev/null 2>&1 || echo refused", status: "ok", stdout: "refused\n"},
+	{name: "node network timeout", lang: "node", network: true, timeout: 3,
+		code: "(async () => { for (;;) { await (await fetch('{{NET_URL}}')).text(); console.log('n'); } })()", status: "timeout", exitCode: -1, stdout: "n\n"},
 }
 
 func TestSoak(t *testing.T) {
@@ -63,8 +73,11 @@ func TestSoak(t *testing.T) {
 	bin := binary(t)
 	stateDir := filepath.Join(t.TempDir(), "state")
 	auditLog := filepath.Join(t.TempDir(), "audit.log")
+	ns := startNetServers(t)
+	sn := soakNet{entry: ns.entries()[0], url: fmt.Sprintf("http://%s:%d/soak", netAllowed, ns.httpPort)}
 	cmd := exec.Command(bin, "serve", "--http", "127.0.0.1:0", "--state-dir", stateDir, "--log-level", "warn",
-		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB", "--audit-log", auditLog)
+		"--max-concurrent", strconv.Itoa(concurrency), "--max-queue", "16", "--memory", "128MiB", "--audit-log", auditLog,
+		"--allow-net", sn.entry)
 	stderr, _ := cmd.StderrPipe()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -145,7 +158,7 @@ func TestSoak(t *testing.T) {
 			defer workers.Done()
 			for i := range jobs {
 				k := soakKinds[i%len(soakKinds)]
-				status, problem := soakCall(c, k)
+				status, problem := soakCall(c, k, sn)
 				mu.Lock()
 				byStatus[status]++
 				if problem != "" {
@@ -251,10 +264,13 @@ func TestSoak(t *testing.T) {
 }
 
 // soakCall makes one run and says how it ended and what was wrong with it.
-func soakCall(c *client.Client, k soakKind) (status, problem string) {
+func soakCall(c *client.Client, k soakKind, net soakNet) (status, problem string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	args := map[string]any{"language": k.lang, "code": k.code}
+	args := map[string]any{"language": k.lang, "code": strings.ReplaceAll(k.code, "{{NET_URL}}", net.url)}
+	if k.network {
+		args["network"] = []string{net.entry}
+	}
 	if k.timeout > 0 {
 		args["timeout_seconds"] = k.timeout
 	}
@@ -285,6 +301,10 @@ func soakCall(c *client.Client, k soakKind) (status, problem string) {
 	}
 	return status, ""
 }
+
+// soakNet is the soak's pinned test server: the entry the server allows
+// and the runs with a network ask for, and its URL.
+type soakNet struct{ entry, url string }
 
 // idPattern finds a sandbox's ID in the command line of its processes.
 var idPattern = regexp.MustCompile(`/(safe-run-[0-9a-f]{8}-[0-9a-f-]{27})`)

@@ -160,13 +160,18 @@ func checkMain(o options, reps int) {
 	if err != nil {
 		log.Fatal(err)
 	}
-	table := rep.markdown()
+	writeReport(o, "check", "bench-check", rep, rep.markdown())
+}
+
+// writeReport prints table and writes it and rep to NAME.{md,json} in the
+// output directory and to the README's MARKER section.
+func writeReport(o options, name, marker string, rep any, table string) {
 	fmt.Print(table)
 	must(os.MkdirAll(o.out, 0o755))
 	js, _ := json.MarshalIndent(rep, "", "  ")
-	must(os.WriteFile(filepath.Join(o.out, "check.json"), append(js, '\n'), 0o644))
-	must(os.WriteFile(filepath.Join(o.out, "check.md"), []byte(table), 0o644))
+	must(os.WriteFile(filepath.Join(o.out, name+".json"), append(js, '\n'), 0o644))
+	must(os.WriteFile(filepath.Join(o.out, name+".md"), []byte(table), 0o644))
 	if o.readme != "" {
-		must(replaceMarked(o.readme, "bench-check", table))
+		must(replaceMarked(o.readme, marker, table))
 	}
 }

@@ -59,6 +59,7 @@ func main() {
 	flag.StringVar(&o.readme, "readme", "README.md", "README whose benchmark section is replaced (empty: leave it)")
 	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
+	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("bench: ")
@@ -76,6 +77,10 @@ func main() {
 		checkMain(o, *checkReps)
 		return
 	}
+	if *netOnly {
+		netMain(o)
+		return
+	}
 	rep, err := run(o)
 	if err != nil {
 		log.Fatal(err)
@@ -91,6 +96,7 @@ func main() {
 	if o.readme != "" {
 		must(replaceSection(o.readme, table))
 	}
+	netMain(o)
 }
 
 func must(err error) {
