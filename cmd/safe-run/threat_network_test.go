@@ -30,6 +30,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -54,6 +55,7 @@ type netServers struct {
 	udpN        atomic.Int64
 	hostIP      string // a non-loopback address of the host, "" if it has none
 	rebind      string // a name with a dot the host resolves to a blocked address, "" if it has none
+	hostsRebind bool   // rebind comes from the host's own /etc/hosts, so TestThreatNetwork runs the case
 	mu          sync.Mutex
 	requests    []netRequest
 	snis        []string
@@ -159,6 +161,7 @@ func startNetServers(t *testing.T) *netServers {
 	t.Cleanup(func() { udp.Close() })
 	s.hostIP = hostAddress()
 	s.rebind = rebindName()
+	s.hostsRebind = s.rebind != "" && rebindOverride == ""
 	return s
 }
 
@@ -173,10 +176,20 @@ func hostAddress() string {
 	return ""
 }
 
+// netRebindName is the rebinding case's name where the test provides it:
+// TestThreatNetworkRebinding's server resolves it to 127.0.0.1.
+const netRebindName = "rebind.safe-run.test"
+
+// rebindOverride, when set, is the name rebindName returns.
+var rebindOverride string
+
 // rebindName returns a name of the host's /etc/hosts, with a dot (an
 // allowlist entry needs one), that maps to a blocked address: the
 // rebinding case's name. Such a name must be pinned to be reached.
 func rebindName() string {
+	if rebindOverride != "" {
+		return rebindOverride
+	}
 	data, _ := os.ReadFile("/etc/hosts")
 	for _, line := range strings.Split(string(data), "\n") {
 		f := strings.Fields(strings.SplitN(line, "#", 2)[0])
@@ -481,7 +494,7 @@ out("dns", "answered" if a else "nxdomain")
 if a: raw("rebind", a, %[1]d, "/{{TOKEN}}/rebind", hosthdr=%[2]q)
 `, hp, s.rebind),
 			results: map[string]string{"dns": "answered", "rebind": wantRefused},
-			records: []wantRecord{{kind: egress.KindTCP, name: s.rebind, port: hp, decision: egress.Denied, reason: "(?i)loopback|blocked|private"}},
+			records: []wantRecord{{kind: egress.KindTCP, name: s.rebind, port: hp, decision: egress.Denied, reason: "(?i)loopback|blocked|private|host's own"}},
 			needs:   s.rebind,
 		},
 		{
@@ -700,59 +713,114 @@ func TestThreatNetwork(t *testing.T) {
 	n := newNetHarness(t)
 	entries := n.s.entries()
 	for _, tc := range netCases(n.s) {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Logf("protection: %s", tc.protection)
-			if strings.Contains(tc.name, "rebinding") && tc.needs == "" {
-				t.Skip("this host's /etc/hosts maps no name with a dot to a blocked address; add `127.0.0.1 rebind.safe-run.test` there to run this case")
+		if isRebinding(tc) && !n.s.hostsRebind {
+			// TestThreatNetworkRebinding runs it, with a name of its own.
+			continue
+		}
+		t.Run(tc.name, func(t *testing.T) { runNetCase(t, n, tc, entries) })
+	}
+}
+
+// TestThreatNetworkRebinding is the rebinding case: an allowed name, not
+// pinned, that the host resolves to its loopback must be refused at the
+// dial. The server runs with an /etc/hosts of its own (a mount namespace,
+// of a user namespace without root) mapping rebind.safe-run.test to
+// 127.0.0.1, since a host's own file has no such dotted name to spare.
+func TestThreatNetworkRebinding(t *testing.T) {
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Fatalf("the rebinding case needs unshare (util-linux): %v", err)
+	}
+	dir := t.TempDir()
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	hostsData, _ := os.ReadFile("/etc/hosts")
+	hosts := filepath.Join(dir, "hosts")
+	if err := os.WriteFile(hosts, append(hostsData, []byte("\n127.0.0.1 "+netRebindName+"\n")...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	userns := ""
+	if os.Geteuid() != 0 {
+		userns = "--user --map-root-user "
+	}
+	wrapper := filepath.Join(dir, "safe-run")
+	script := fmt.Sprintf("#!/bin/sh\n# safe-run with a private /etc/hosts\nexec unshare %s--mount sh -c 'mount --bind %s /etc/hosts && exec %s \"$@\"' sh \"$@\"\n",
+		userns, hosts, binary(t))
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SAFE_RUN_BIN", wrapper)
+	restore := rebindOverride
+	rebindOverride = netRebindName
+	t.Cleanup(func() { rebindOverride = restore })
+	n := newNetHarness(t)
+	entries := n.s.entries()
+	ran := false
+	for _, tc := range netCases(n.s) {
+		if isRebinding(tc) {
+			ran = true
+			t.Run(tc.name, func(t *testing.T) { runNetCase(t, n, tc, entries) })
+		}
+	}
+	if !ran {
+		t.Fatal("no rebinding case in netCases")
+	}
+}
+
+// isRebinding tells the rebinding case, which needs a name of its own.
+func isRebinding(tc netCase) bool { return strings.Contains(tc.name, "(rebinding)") }
+
+// runNetCase runs one case through the CLI and MCP with its host checks,
+// and its control on the host.
+func runNetCase(t *testing.T, n *netHarness, tc netCase, entries []string) {
+	t.Logf("protection: %s", tc.protection)
+	for _, via := range []string{"cli", "mcp"} {
+		t.Run(via, func(t *testing.T) {
+			token := "tok-" + randomHex(6)
+			httpN, tlsN, udpN, hellos := n.s.http.n.Load(), n.s.tls.n.Load(), n.s.udpN.Load(), n.s.hellos()
+			r := n.run(t, via, tc.lang, n.expand(tc.code, token), entries)
+			t.Logf("%s stdout:\n%s", via, r.stdout)
+			if r.status != "ok" {
+				t.Errorf("%s: status %s (exit %d), want ok: %s\nstderr %s", via, r.status, r.exitCode, r.message, r.stderr)
 			}
-			for _, via := range []string{"cli", "mcp"} {
-				t.Run(via, func(t *testing.T) {
-					token := "tok-" + randomHex(6)
-					httpN, tlsN, udpN, hellos := n.s.http.n.Load(), n.s.tls.n.Load(), n.s.udpN.Load(), n.s.hellos()
-					r := n.run(t, via, tc.lang, n.expand(tc.code, token), entries)
-					t.Logf("%s stdout:\n%s", via, r.stdout)
-					if r.status != "ok" {
-						t.Errorf("%s: status %s (exit %d), want ok: %s\nstderr %s", via, r.status, r.exitCode, r.message, r.stderr)
-					}
-					checkResults(t, r, tc.results)
-					checkRecords(t, via, r.report(t), tc.records)
-					positive := len(tc.expect) > 0
-					if seen := n.s.sawToken(token); !positive && len(seen) > 0 {
-						t.Errorf("%s: the test server answered requests of a denied case: %v", via, seen)
-					}
-					if !slicesContains(tc.expect, "http") && !slicesContains(tc.dials, "http") && n.s.http.n.Load() != httpN {
-						t.Errorf("%s: the plain server accepted %d connections in a case that must not reach it", via, n.s.http.n.Load()-httpN)
-					}
-					if !slicesContains(tc.expect, "tls") && !slicesContains(tc.dials, "tls") && n.s.tls.n.Load() != tlsN {
-						t.Errorf("%s: the TLS server accepted %d connections in a case that must not reach it", via, n.s.tls.n.Load()-tlsN)
-					}
-					if !slicesContains(tc.expect, "tls") && n.s.hellos() != hellos {
-						t.Errorf("%s: the TLS server received %d ClientHellos in a case that must not reach it", via, n.s.hellos()-hellos)
-					}
-					if n.s.sawSNI(netDenied) {
-						t.Errorf("%s: the TLS server saw a ClientHello naming %s", via, netDenied)
-					}
-					if d := n.s.udpN.Load() - udpN; d != 0 {
-						t.Errorf("%s: the host's UDP listener received %d datagrams", via, d)
-					}
-					if !positive && strings.Contains(r.stdout, "LEAK") {
-						t.Errorf("%s: the probe reached a server:\n%s", via, r.stdout)
-					}
-					n.assertHostClean(t)
-				})
+			checkResults(t, r, tc.results)
+			checkRecords(t, via, r.report(t), tc.records)
+			positive := len(tc.expect) > 0
+			if seen := n.s.sawToken(token); !positive && len(seen) > 0 {
+				t.Errorf("%s: the test server answered requests of a denied case: %v", via, seen)
 			}
-			if tc.control {
-				t.Run("control", func(t *testing.T) {
-					udpN := n.s.udpN.Load()
-					out := n.control(t, "python", "ON_HOST = True\n"+n.expand(tc.code, "control-"+randomHex(4)))
-					t.Logf("on the host:\n%s", out)
-					if !strings.Contains(out, "LEAK") && n.s.udpN.Load() == udpN {
-						t.Errorf("on the host, without the sandbox, the probe reached nothing; it cannot detect a breach:\n%s", out)
-					}
-				})
+			if !slicesContains(tc.expect, "http") && !slicesContains(tc.dials, "http") && n.s.http.n.Load() != httpN {
+				t.Errorf("%s: the plain server accepted %d connections in a case that must not reach it", via, n.s.http.n.Load()-httpN)
+			}
+			if !slicesContains(tc.expect, "tls") && !slicesContains(tc.dials, "tls") && n.s.tls.n.Load() != tlsN {
+				t.Errorf("%s: the TLS server accepted %d connections in a case that must not reach it", via, n.s.tls.n.Load()-tlsN)
+			}
+			if !slicesContains(tc.expect, "tls") && n.s.hellos() != hellos {
+				t.Errorf("%s: the TLS server received %d ClientHellos in a case that must not reach it", via, n.s.hellos()-hellos)
+			}
+			if n.s.sawSNI(netDenied) {
+				t.Errorf("%s: the TLS server saw a ClientHello naming %s", via, netDenied)
+			}
+			if d := n.s.udpN.Load() - udpN; d != 0 {
+				t.Errorf("%s: the host's UDP listener received %d datagrams", via, d)
+			}
+			if !positive && strings.Contains(r.stdout, "LEAK") {
+				t.Errorf("%s: the probe reached a server:\n%s", via, r.stdout)
+			}
+			n.assertHostClean(t)
+		})
+	}
+	if tc.control {
+		t.Run("control", func(t *testing.T) {
+			udpN := n.s.udpN.Load()
+			out := n.control(t, "python", "ON_HOST = True\n"+n.expand(tc.code, "control-"+randomHex(4)))
+			t.Logf("on the host:\n%s", out)
+			if !strings.Contains(out, "LEAK") && n.s.udpN.Load() == udpN {
+				t.Errorf("on the host, without the sandbox, the probe reached nothing; it cannot detect a breach:\n%s", out)
 			}
 		})
 	}
+
 }
 
 func slicesContains(s []string, v string) bool {
