@@ -68,4 +68,3 @@ func TestHelperNotDumpable(t *testing.T) {
 		t.Fatalf("the locked-down helper's /proc files belong to uid %d: it is dumpable (any process of its uid can ptrace it)", st.Uid)
 	}
 }
-
