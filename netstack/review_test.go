@@ -2,8 +2,10 @@ package netstack
 
 import (
 	"bufio"
+	"crypto/tls"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"testing"
 	"time"
@@ -64,5 +66,50 @@ func TestStackHTTPKeepAliveHostChecked(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// slowStart sends its first write in two parts with a pause between, as
+// a client may: the pause must not let the rest through unchecked.
+type slowStart struct {
+	net.Conn
+	pause time.Duration
+	done  bool
+}
+
+func (s *slowStart) Write(b []byte) (int, error) {
+	if s.done || len(b) < 11 {
+		return s.Conn.Write(b)
+	}
+	s.done = true
+	n, err := s.Conn.Write(b[:10])
+	if err != nil {
+		return n, err
+	}
+	time.Sleep(s.pause)
+	k, err := s.Conn.Write(b[10:])
+	return n + k, err
+}
+
+// TestStackSlowClientHelloChecked: on a port other than 80 and 443 a
+// connection whose first bytes are a TLS record gets the SNI check too;
+// a ClientHello sent slower than the peek wait must not pass unchecked.
+func TestStackSlowClientHelloChecked(t *testing.T) {
+	_, tlsSrv := upstream(t)
+	tp := portOf(tlsSrv)
+	sb := newSandbox(t, []string{fmt.Sprintf("tls.test=127.0.0.1:%d", tp)}, egress.Limits{}, loopback)
+	addr, found := sb.lookup(t, "tls.test")
+	if !found {
+		t.Fatal("tls.test not answered")
+	}
+	c, err := sb.Dial(addr, tp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	tc := tls.Client(&slowStart{Conn: c, pause: 3 * peekTimeout}, &tls.Config{ServerName: "evil.test", InsecureSkipVerify: true})
+	if err := tc.Handshake(); err == nil {
+		t.Fatal("a ClientHello naming evil.test, sent in two parts, completed its handshake on tls.test's connection")
 	}
 }
