@@ -224,6 +224,13 @@ func (c *conn) sniff(t target) ([]byte, error) {
 				case len(buf) >= 8:
 					return buf, nil // neither: pass
 				}
+				if kind != t.port {
+					// TLS or HTTP from now on: the check is required, with
+					// the full wait, or a ClientHello sent slower than
+					// the peek would pass unchecked.
+					required = true
+					c.down.SetReadDeadline(time.Now().Add(sniffTimeout))
+				}
 			}
 			var name string
 			var complete bool
@@ -250,7 +257,7 @@ func (c *conn) sniff(t target) ([]byte, error) {
 		if err != nil {
 			if !required {
 				// Best effort off 80/443: a server that speaks first, or a
-				// protocol that only resembles TLS or HTTP, passes.
+				// client whose first bytes are too few to tell, passes.
 				return buf, nil
 			}
 			if len(buf) == 0 {

@@ -10,9 +10,9 @@ import (
 )
 
 // lockdown drops every capability (effective, permitted, inheritable,
-// ambient and, where permitted, the bounding set) on every thread, sets
-// no_new_privs and installs the seccomp allowlist on every thread. After
-// it the helper can run Go, read and write its descriptors, and open
+// ambient and, where permitted, the bounding set) on every thread, makes
+// it not dumpable, sets no_new_privs and installs the seccomp allowlist
+// on every thread. After it the helper can run Go, read and write its descriptors, and open
 // internet sockets to dial out; it cannot exec, open a file, or make
 // any other socket.
 func lockdown() error {
@@ -36,6 +36,12 @@ func lockdown() error {
 	var data [2]unix.CapUserData
 	if err := all(unix.SYS_CAPSET, uintptr(unsafe.Pointer(&hdr)), uintptr(unsafe.Pointer(&data[0])), 0); err != nil {
 		return fmt.Errorf("drop capabilities: %w", err)
+	}
+	// Not dumpable: no other process of the helper's uid (65534 is shared
+	// with other daemons and every other sandbox's helper) may ptrace it or
+	// open its /proc files, which would hand it the link and the records.
+	if err := all(unix.SYS_PRCTL, unix.PR_SET_DUMPABLE, 0, 0); err != nil {
+		return fmt.Errorf("clear the dumpable flag: %w", err)
 	}
 	if err := all(unix.SYS_PRCTL, unix.PR_SET_NO_NEW_PRIVS, 1, 0); err != nil {
 		return fmt.Errorf("set no_new_privs: %w", err)
