@@ -19,6 +19,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -139,7 +140,9 @@ func New(ep stack.LinkEndpoint, cfg Config) (*Stack, error) {
 	}
 	if cfg.Resolve == nil {
 		cfg.Resolve = func(ctx context.Context, name string) ([]netip.Addr, error) {
-			return net.DefaultResolver.LookupNetIP(ctx, "ip", name)
+			// Rooted: the host's search domains must not turn a name under
+			// an allowed wildcard into one the operator never named.
+			return net.DefaultResolver.LookupNetIP(ctx, "ip", strings.TrimSuffix(name, ".")+".")
 		}
 	}
 	if !cfg.Gateway.Is4() {

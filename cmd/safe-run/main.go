@@ -13,6 +13,7 @@ import (
 
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/sandbox"
+	"golang.org/x/sys/unix"
 )
 
 // Exit codes of safe-run itself. A run's own exit code passes through; these
@@ -48,7 +49,17 @@ func init() {
 func main() {
 	shimMain() // never returns when this process is the cgroup shim
 	enterUserNamespace(os.Args[1:])
+	closeInheritedFiles()
 	os.Exit(dispatch(os.Args[1:]))
+}
+
+// closeInheritedFiles marks every descriptor above stderr that this process
+// inherited close-on-exec: whatever a supervisor or a client leaked into
+// safe-run must not reach the processes it starts (runsc, the network
+// helper that parses the sandbox's frames, the agent). The descriptors
+// stay open here; those safe-run passes on are added explicitly.
+func closeInheritedFiles() {
+	_ = unix.CloseRange(3, ^uint(0), unix.CLOSE_RANGE_CLOEXEC)
 }
 
 // enterUserNamespace makes a safe-run started by an ordinary user continue
