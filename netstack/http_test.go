@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -101,5 +102,38 @@ func TestStackHTTPUpgrade(t *testing.T) {
 				return !r.Open && strings.Contains(r.Reason, "a later request names another host (evil.test)")
 			})
 		})
+	}
+}
+
+// BenchmarkDownload: 64 MiB from an upstream on loopback to the sandbox
+// through the helper's stack (the sandbox's own stack is the test's).
+func BenchmarkDownload(b *testing.B) {
+	const size = 64 << 20
+	chunk := make([]byte, 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		for i := 0; i < size/len(chunk); i++ {
+			w.Write(chunk)
+		}
+	}))
+	b.Cleanup(srv.Close)
+	port := portOf(srv)
+	sb := newSandbox(b, []string{fmt.Sprintf("dl.test=127.0.0.1:%d", port)}, egress.Limits{MaxConnections: 1 << 30, MaxBytesIn: 1 << 40}, loopback)
+	addr, _ := sb.lookup(b, "dl.test")
+	b.SetBytes(size)
+	for b.Loop() {
+		c, err := sb.Dial(addr, port)
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: dl.test\r\nConnection: close\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != size {
+			b.Fatalf("%d bytes, %v", n, err)
+		}
+		c.Close()
 	}
 }
