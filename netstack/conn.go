@@ -256,8 +256,8 @@ func (c *conn) copyRequests(first []byte, name string, n *int64, switched <-chan
 			return
 		}
 		if err != nil {
-			if errors.Is(err, io.EOF) && c.shutReason() == "" {
-				c.up.(interface{ CloseWrite() error }).CloseWrite()
+			if cw, ok := c.up.(interface{ CloseWrite() error }); ok && errors.Is(err, io.EOF) && c.shutReason() == "" {
+				cw.CloseWrite()
 				return
 			}
 			c.shut("")
