@@ -96,7 +96,7 @@ FUZZTIME ?= 10s
 FUZZ_TARGETS := sandbox:FuzzCheckPath sandbox:FuzzPolicyCheck mcp:FuzzRunCodeArgs mcp:FuzzSessionToolArgs \
 	agent:FuzzWorkspacePaths rootfs:FuzzExtract rootfs:FuzzImageConfig
 FUZZ_TARGETS += mcp:FuzzEscapeName snippets:FuzzParse
-FUZZ_TARGETS += egress:FuzzParse egress:FuzzAnswerDNS egress:FuzzParseSNI egress:FuzzParseHTTPHost
+FUZZ_TARGETS += egress:FuzzParse egress:FuzzAnswerDNS egress:FuzzParseSNI egress:FuzzParseHTTPHost egress:FuzzHTTPRequests
 fuzz:
 	@set -e; tmp=$$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for t in $(FUZZ_TARGETS); do \

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"net"
 	"net/http"
 	"net/netip"
@@ -237,6 +238,46 @@ func FuzzParseHTTPHost(f *testing.F) {
 		}
 		if h != host {
 			t.Fatalf("net/http reads the host %q (%q), ParseHTTPHost %q", req.Host, h, host)
+		}
+	})
+}
+
+// FuzzHTTPRequests checks that HTTPRequests never panics, never allows
+// more than it was given, and decides the same whether the stream comes
+// whole or split in two at any point.
+func FuzzHTTPRequests(f *testing.F) {
+	f.Add([]byte("GET / HTTP/1.1\r\nHost: ok.test\r\n\r\nGET / HTTP/1.1\r\nHost: evil.test\r\n\r\n"), 20)
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\n\r\nabcGET / HTTP/1.1\r\nHost: ok.test\r\n\r\n"), 50)
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: ok.test\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: v\r\n\r\n"), 64)
+	f.Add([]byte("POST / HTTP/1.1\r\nHost: ok.test\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), 5)
+	f.Add([]byte("GET /ws HTTP/1.1\r\nHost: ok.test\r\nConnection: upgrade\r\nUpgrade: websocket\r\n\r\n\x81\x00"), 77)
+	f.Add([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 3)
+	check := func(host string) error {
+		if host != "ok.test" {
+			return errors.New("another host")
+		}
+		return nil
+	}
+	f.Fuzz(func(t *testing.T, b []byte, at int) {
+		whole := &HTTPRequests{Check: check}
+		n1, err1 := whole.Write(b)
+		if n1 < 0 || n1 > int64(len(b)) {
+			t.Fatalf("allowed %d of %d bytes", n1, len(b))
+		}
+		if len(b) == 0 {
+			return
+		}
+		at = int(uint(at) % uint(len(b)+1))
+		split := &HTTPRequests{Check: check}
+		n2, err2 := split.Write(b[:at])
+		if err2 == nil {
+			n2, err2 = split.Write(b[at:])
+		}
+		if n1 != n2 || (err1 == nil) != (err2 == nil) || whole.Waiting() != split.Waiting() {
+			t.Fatalf("whole: %d, %v; split at %d: %d, %v", n1, err1, at, n2, err2)
+		}
+		if err1 != nil && strings.Contains(err1.Error(), "\n") {
+			t.Fatalf("an error of several lines: %q", err1)
 		}
 	})
 }

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -68,6 +69,8 @@ type conn struct {
 	st  *Stack
 	rec egress.Connection
 
+	http bool // the first bytes were an HTTP request: every later one is checked too
+
 	mu     sync.Mutex
 	reason string // why it was ended early, first wins
 	ep     tcpip.Endpoint
@@ -126,14 +129,27 @@ func (c *conn) serve(t target) {
 
 	var out, in int64
 	done := make(chan struct{})
+	var up net.Conn = c.up
+	var resp *firstResponse
+	if c.http {
+		resp = &firstResponse{Conn: c.up, switched: make(chan bool, 1)}
+		up = resp
+	}
 	go func() {
 		defer close(done)
+		if c.http {
+			c.copyRequests(first, t.name, &out, resp.switched)
+			return
+		}
 		if len(first) > 0 && c.pass(c.up, first, &out, &st.bytesOut, st.cfg.Limits.MaxBytesOut, "out") != nil {
 			return
 		}
 		c.copy(c.up, c.down, &out, &st.bytesOut, st.cfg.Limits.MaxBytesOut, "out")
 	}()
-	c.copy(c.down, c.up, &in, &st.bytesIn, st.cfg.Limits.MaxBytesIn, "in")
+	c.copy(c.down, up, &in, &st.bytesIn, st.cfg.Limits.MaxBytesIn, "in")
+	if resp != nil {
+		resp.decide(false)
+	}
 	<-done
 	c.down.Close()
 	c.up.Close()
@@ -185,6 +201,99 @@ func (c *conn) pass(dst net.Conn, b []byte, n *int64, total interface{ Add(int64
 }
 
 var errCap = errors.New("byte cap reached")
+
+// copyRequests moves the sandbox's HTTP requests upstream through an
+// egress.HTTPRequests: each request's Host must be name (the first one's
+// was checked already, the later ones would otherwise reach any virtual
+// host of a shared front end); bytes go up only as far as the checker
+// allows, and a refusal resets the connection with its reason. switched
+// says, once, whether the first response switched protocols.
+func (c *conn) copyRequests(first []byte, name string, n *int64, switched <-chan bool) {
+	st := c.st
+	hr := &egress.HTTPRequests{Check: func(host string) error {
+		if host != name {
+			return deny("a later request names another host (%s)", clip(host))
+		}
+		return nil
+	}}
+	var pending []byte // taken in from offset sent on, not forwarded yet
+	var sent int64
+	forward := func(allowed int64, err error) error {
+		if k := allowed - sent; k > 0 {
+			if e := c.pass(c.up, pending[:k], n, &st.bytesOut, st.cfg.Limits.MaxBytesOut, "out"); e != nil {
+				return e
+			}
+			pending = append(pending[:0], pending[k:]...)
+			sent = allowed
+		}
+		if err != nil {
+			var d *denial
+			if !errors.As(err, &d) {
+				err = deny("HTTP request refused: %v", err)
+			}
+			c.shut(err.Error())
+			return err
+		}
+		return nil
+	}
+	take := func(b []byte) error {
+		pending = append(pending, b...)
+		if err := forward(hr.Write(b)); err != nil {
+			return err
+		}
+		if hr.Waiting() {
+			return forward(hr.Switched(<-switched))
+		}
+		return nil
+	}
+	if len(first) > 0 && take(first) != nil {
+		return
+	}
+	buf := make([]byte, 32<<10)
+	for {
+		k, err := c.down.Read(buf)
+		if k > 0 && take(buf[:k]) != nil {
+			return
+		}
+		if err != nil {
+			if cw, ok := c.up.(interface{ CloseWrite() error }); ok && errors.Is(err, io.EOF) && c.shutReason() == "" {
+				cw.CloseWrite()
+				return
+			}
+			c.shut("")
+			return
+		}
+	}
+}
+
+// firstResponse reads the upstream side and tells, once, whether its
+// first response switched protocols (an upgrade's 101).
+type firstResponse struct {
+	net.Conn
+	switched chan bool
+	head     []byte
+	done     bool
+}
+
+func (r *firstResponse) Read(b []byte) (int, error) {
+	k, err := r.Conn.Read(b)
+	if !r.done {
+		const want = "HTTP/1.1 101 "
+		r.head = append(r.head, b[:min(k, len(want)-len(r.head))]...)
+		if len(r.head) == len(want) || !strings.HasPrefix(want, string(r.head)) {
+			r.decide(string(r.head) == want || string(r.head) == "HTTP/1.0 101 ")
+		}
+	}
+	return k, err
+}
+
+// decide sends the answer unless it was sent.
+func (r *firstResponse) decide(ok bool) {
+	if !r.done {
+		r.done = true
+		r.switched <- ok
+	}
+}
 
 func itoa(v int64) string { return strconv.FormatInt(v, 10) }
 
@@ -250,6 +359,7 @@ func (c *conn) sniff(t target) ([]byte, error) {
 					return nil, deny("not an HTTP request on port %d", t.port)
 				}
 				if complete {
+					c.http = true
 					return buf, checkName("Host header", name, t.name)
 				}
 			}
