@@ -16,16 +16,9 @@ package main
 
 import (
 	"bytes"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -42,6 +35,7 @@ import (
 	"time"
 
 	"github.com/safe-run/safe-run/egress"
+	"github.com/safe-run/safe-run/internal/pkgindex"
 )
 
 // netServers are the upstream servers of the network cases, on the host.
@@ -128,7 +122,10 @@ func startNetServers(t *testing.T) *netServers {
 	plain := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	go plain.Serve(s.http)
 
-	caPEM, cert := testCA(t, netSecure)
+	caPEM, cert, err := pkgindex.NewCA(netSecure)
+	if err != nil {
+		t.Fatal(err)
+	}
 	s.caFile = filepath.Join(t.TempDir(), "ca.pem")
 	if err := os.WriteFile(s.caFile, caPEM, 0o644); err != nil {
 		t.Fatal(err)
@@ -210,41 +207,6 @@ func rebindName() string {
 		}
 	}
 	return ""
-}
-
-// testCA makes a CA and a server certificate it signs for name; it returns
-// the CA's PEM and the server's certificate.
-func testCA(t *testing.T, name string) ([]byte, tls.Certificate) {
-	t.Helper()
-	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	caTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "safe-run network test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ca, _ := x509.ParseCertificate(caDER)
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	leafTmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: name}, DNSNames: []string{name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(24 * time.Hour),
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-	}
-	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, &key.PublicKey, caKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}),
-		tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: key}
 }
 
 // entries are the server's allowlist: the two servers pinned, the plain

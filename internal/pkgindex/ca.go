@@ -75,6 +75,18 @@ func newAuthority(names []string) (*authority, error) {
 	}, nil
 }
 
+// NewCA makes a test CA and a server certificate it signs for names (DNS
+// names or IP addresses), both valid for a day: the CA's PEM, for clients
+// to trust, and the certificate, for a server. Tests with TLS servers of
+// their own use it.
+func NewCA(names ...string) (caPEM []byte, cert tls.Certificate, err error) {
+	a, err := newAuthority(names)
+	if err != nil {
+		return nil, tls.Certificate{}, err
+	}
+	return a.caPEM, a.cert, nil
+}
+
 func (a *authority) serverTLS() *tls.Config {
 	return &tls.Config{Certificates: []tls.Certificate{a.cert}, MinVersion: tls.VersionTLS12}
 }
