@@ -6,7 +6,8 @@
 //     node scripts/mcp-run.mjs https://HOST:PORT/mcp TOKEN 'print(6*7)'
 //
 // It prints the call's text output and exits 0, or prints the error and
-// exits 1. NODE_EXTRA_CA_CERTS is how Node trusts a private CA.
+// exits 1. NODE_EXTRA_CA_CERTS is how Node trusts a private CA;
+// MCP_RUN_ARGS (a JSON object) adds arguments, e.g. {"timeout_seconds": 300}.
 import { createRequire } from "node:module";
 import path from "node:path";
 
@@ -20,7 +21,7 @@ const headers = token ? { Authorization: `Bearer ${token}` } : {};
 const client = new Client({ name: "mcp-run.mjs", version: "1" });
 try {
 	await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
-	const res = await client.callTool({ name: "run_code", arguments: { language: "python", code } });
+	const res = await client.callTool({ name: "run_code", arguments: { language: "python", code, ...JSON.parse(process.env.MCP_RUN_ARGS || "{}") } });
 	console.log(res.content.filter((c) => c.type === "text").map((c) => c.text).join("\n"));
 	await client.close();
 	process.exit(res.isError ? 1 : 0);

@@ -27,6 +27,7 @@ func cmdDoctor(args []string) int {
 	var host hostFlags
 	env := registerWithEnv(fs, host.register)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	unit := fs.String("unit", "", "as root: check the systemd `unit` that runs safe-run serve (its user, delegated cgroup, and a run inside its hardening)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
 		printSettings(fs, env)
@@ -37,7 +38,12 @@ func cmdDoctor(args []string) int {
 	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
-	checks := diagnose(&host)
+	var checks []check
+	if *unit != "" {
+		checks = diagnoseUnit(*unit)
+	} else {
+		checks = diagnose(&host)
+	}
 	ok := true
 	for _, c := range checks {
 		ok = ok && c.OK
