@@ -69,7 +69,7 @@ JSON
 	systemctl enable safe-run.service
 	systemctl restart safe-run.service
 	local url="https://$ADDR/mcp" i
-	for ((i = 0; i < 240; i++)); do
+	for ((i = 0; i < 900; i++)); do
 		journalctl -u safe-run.service -b --no-pager -q 2>/dev/null | grep -q "serving MCP at" && break
 		systemctl is-failed -q safe-run.service && break
 		sleep 1
