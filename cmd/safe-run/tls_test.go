@@ -23,6 +23,14 @@ import (
 	"time"
 )
 
+// newTestPair makes a CA and the paths of a certificate and key below a
+// temporary directory, for ca.issue.
+func newTestPair(t *testing.T) (ca *testCA, cert, key string) {
+	t.Helper()
+	dir := t.TempDir()
+	return newTestCA(t, "safe-run test CA"), filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+}
+
 // testCA is a certificate authority made for one test.
 type testCA struct {
 	cert *x509.Certificate
@@ -123,9 +131,7 @@ func servedSerial(addr string, pool *x509.CertPool) (int64, error) {
 }
 
 func TestTLSHandshakeAndRefusals(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t, "safe-run test CA")
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca, cert, key := newTestPair(t)
 	ca.issue(t, 10, cert, key)
 	addr := tlsServer(t, tlsFlags{cert: cert, key: key})
 
@@ -161,9 +167,7 @@ func TestTLSHandshakeAndRefusals(t *testing.T) {
 }
 
 func TestTLSReload(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t, "safe-run test CA")
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca, cert, key := newTestPair(t)
 	ca.issue(t, 1, cert, key)
 	addr := tlsServer(t, tlsFlags{cert: cert, key: key})
 	steps := []struct {
@@ -175,7 +179,7 @@ func TestTLSReload(t *testing.T) {
 		{"files replaced", func() { ca.issue(t, 2, cert, key) }, 2},
 		{"a certificate that is not PEM keeps the old one", func() { writeFile(t, cert, []byte("not a certificate"), 0o644) }, 2},
 		{"a key of another certificate keeps the old one", func() {
-			other := filepath.Join(dir, "other")
+			other := filepath.Join(filepath.Dir(cert), "other")
 			ca.issue(t, 3, other+".pem", other+".key")
 			data, _ := os.ReadFile(other + ".key")
 			ca.issue(t, 4, cert, key)
@@ -195,9 +199,7 @@ func TestTLSReload(t *testing.T) {
 // TestTLSReloadOnSIGHUP: a change stat cannot see (same inode, size and
 // time) is picked up when the process gets SIGHUP.
 func TestTLSReloadOnSIGHUP(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t, "safe-run test CA")
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca, cert, key := newTestPair(t)
 	ca.issue(t, 1, cert, key)
 	addr := tlsServer(t, tlsFlags{cert: cert, key: key})
 	// Write the new pair in place and put back the old times, so that only
@@ -248,9 +250,7 @@ func TestTLSReloadOnSIGHUP(t *testing.T) {
 }
 
 func TestTLSSettingsRefused(t *testing.T) {
-	dir := t.TempDir()
-	ca := newTestCA(t, "safe-run test CA")
-	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	ca, cert, key := newTestPair(t)
 	ca.issue(t, 1, cert, key)
 	tests := []struct {
 		name    string
