@@ -21,7 +21,8 @@ const headers = token ? { Authorization: `Bearer ${token}` } : {};
 const client = new Client({ name: "mcp-run.mjs", version: "1" });
 try {
 	await client.connect(new StreamableHTTPClientTransport(new URL(url), { requestInit: { headers } }));
-	const res = await client.callTool({ name: "run_code", arguments: { language: "python", code, ...JSON.parse(process.env.MCP_RUN_ARGS || "{}") } });
+	const res = await client.callTool({ name: "run_code", arguments: { language: "python", code, ...JSON.parse(process.env.MCP_RUN_ARGS || "{}") } },
+		undefined, { timeout: 15 * 60 * 1000 }); // the SDK's default, 60 s, is shorter than a run may be
 	console.log(res.content.filter((c) => c.type === "text").map((c) => c.text).join("\n"));
 	await client.close();
 	process.exit(res.isError ? 1 : 0);
