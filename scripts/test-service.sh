@@ -240,9 +240,10 @@ print("spun 30 s")
 	echo "== systemctl restart during a run: the chain goes on, the run is cleaned up"
 	MCP_RUN_ARGS='{"timeout_seconds": 600}' mcp 'import time; time.sleep(600)' >/tmp/sleep.out 2>&1 &
 	local sleeper=$! run_cg="" i
-	for ((i = 0; i < 600 && -z $run_cg; i++)); do
-		sleep 0.5
+	for ((i = 0; i < 600; i++)); do
 		run_cg=$(find $UNIT_CG -mindepth 1 -maxdepth 1 -name 'safe-run-*' | head -1)
+		[[ -z $run_cg ]] || break
+		sleep 0.5
 	done
 	[[ -n $run_cg ]] || fail "restart: the sleeping run's cgroup never appeared"
 	systemctl restart safe-run.service
