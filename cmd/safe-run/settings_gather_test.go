@@ -40,6 +40,7 @@ func TestEnvNames(t *testing.T) {
 		"images": "SAFE_RUN_IMAGES", "pool": "SAFE_RUN_POOL", "preload": "SAFE_RUN_PRELOAD",
 		"pool-memory": "SAFE_RUN_POOL_MEMORY", "checkpoints": "SAFE_RUN_CHECKPOINTS",
 	}
+	tls := map[string]string{"tls-cert": "SAFE_RUN_TLS_CERT", "tls-key": "SAFE_RUN_TLS_KEY", "insecure-http": "SAFE_RUN_INSECURE_HTTP"}
 	union := func(ms ...map[string]string) map[string]string {
 		out := map[string]string{}
 		for _, m := range ms {
@@ -55,7 +56,7 @@ func TestEnvNames(t *testing.T) {
 		command   string
 		got, want map[string]string
 	}{
-		{"serve", serveEnv, union(host, audits, serve)},
+		{"serve", serveEnv, union(host, audits, serve, tls)},
 		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register), union(host, audits)},
 		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register), host},
 	} {
