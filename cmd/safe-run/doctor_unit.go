@@ -2,6 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -33,7 +35,8 @@ var unitKeep = []string{"User", "Group", "Delegate", "Environment", "Environment
 // a transient run of doctor has its own of.
 var unitSkip = []string{"Type", "ExecStart", "ExecStartPre", "ExecStartPost", "ExecReload", "ExecStop", "ExecStopPost",
 	"Restart", "RestartSec", "KillMode", "KillSignal", "TimeoutSec", "TimeoutStartSec", "TimeoutStopSec", "PIDFile",
-	"NotifyAccess", "WatchdogSec", "RuntimeDirectory", "RuntimeDirectoryMode", "RuntimeDirectoryPreserve"}
+	"NotifyAccess", "WatchdogSec", "RuntimeDirectory", "RuntimeDirectoryMode", "RuntimeDirectoryPreserve",
+	"RemainAfterExit", "StandardInput", "StandardOutput", "StandardError"}
 
 // unitSettings are the [Service] settings of a unit as `systemctl cat`
 // prints it (the file, then its drop-ins): the executable ExecStart names,
@@ -80,10 +83,15 @@ func parseUnit(text string) unitSettings {
 }
 
 // transientArgs is the systemd-run command line that runs args (a
-// safe-run command) in a service with the unit's settings u, without the
-// hardening settings dropped.
-func transientArgs(u unitSettings, dropped string, args ...string) []string {
-	cmd := []string{"--wait", "--pipe", "--collect", "--quiet", "--service-type=exec",
+// safe-run command) in the service name with the unit's settings u,
+// without the hardening setting dropped, its output appended to out. It
+// is a oneshot service, so systemd-run returns when the command has ended
+// and fails when it failed; --wait and --pipe are not used because they
+// need a D-Bus daemon, while this way systemd-run, as root, reaches the
+// manager over its private socket on hosts without one.
+func transientArgs(u unitSettings, name, out, dropped string, args ...string) []string {
+	cmd := []string{"--unit=" + name, "--quiet", "--service-type=oneshot", "-p", "TimeoutStartSec=20min",
+		"-p", "StandardOutput=append:" + out, "-p", "StandardError=inherit",
 		"-p", "RuntimeDirectory=" + unitRunDir, "-p", "RuntimeDirectoryMode=0700"}
 	for _, p := range append(slices.Clone(u.kept), u.hardening...) {
 		if p != dropped {
@@ -93,34 +101,94 @@ func transientArgs(u unitSettings, dropped string, args ...string) []string {
 	return append(append(cmd, u.exec), args...)
 }
 
-// diagnoseUnit is doctor --unit name, as root: the unit's user, its
-// delegated cgroup and the controllers the server hands to its runs, a
-// doctor run inside the unit's settings, and a hardening option that
-// breaks a run, if one does.
-func diagnoseUnit(name string) []check {
-	var checks []check
-	add := func(c check) { checks = append(checks, c) }
-	if os.Geteuid() != 0 {
-		return []check{{Name: "unit", Detail: "doctor --unit starts services with the unit's settings, which needs root",
-			Fix: "sudo safe-run doctor --unit " + name}}
-	}
-	show, err := exec.Command("systemctl", "show", name, "-p", "User", "-p", "ControlGroup", "-p", "ActiveState",
-		"-p", "Delegate", "-p", "LoadState").Output()
+// transientSeq numbers the transient services of one doctor run.
+var transientSeq int
+
+// runTransient runs args in a transient service with the unit's settings
+// (see transientArgs) and returns what it printed and whether it exited
+// 0. An error means the service did not run at all: systemd-run's own
+// failure, which says nothing about the unit's settings.
+func runTransient(u unitSettings, dropped string, args ...string) (string, bool, error) {
+	transientSeq++
+	name := fmt.Sprintf("safe-run-doctor-%d-%d.service", os.Getpid(), transientSeq)
+	f, err := os.CreateTemp("/run", "safe-run-doctor-*.out")
 	if err != nil {
-		return []check{{Name: "unit", Detail: fmt.Sprintf("systemctl show %s: %v", name, err), Fix: "doctor --unit needs systemd"}}
+		return "", false, fmt.Errorf("output file for %s: %w", name, err)
 	}
+	f.Close()
+	defer os.Remove(f.Name())
+	sdOut, runErr := exec.Command("systemd-run", transientArgs(u, name, f.Name(), dropped, args...)...).CombinedOutput()
+	out, _ := os.ReadFile(f.Name())
+	if runErr == nil {
+		return string(out), true, nil
+	}
+	// A failed service stays loaded until reset-failed: its result tells
+	// a command that failed from a service that never ran.
+	show, _ := exec.Command("systemctl", "show", name, "-p", "Result", "-p", "ExecMainStatus", "-p", "ExecMainPID").Output()
+	_ = exec.Command("systemctl", "reset-failed", name).Run()
+	props := showProps(show)
+	switch props["Result"] {
+	case "exit-code":
+		return fmt.Sprintf("%s(exit status %s)", out, props["ExecMainStatus"]), false, nil
+	case "signal", "core-dump", "timeout", "oom-kill", "watchdog":
+		return fmt.Sprintf("%s(%s: %s)", out, name, props["Result"]), false, nil
+	}
+	return string(out), false, fmt.Errorf("systemd-run: %v: %s", runErr, strings.TrimSpace(string(sdOut)))
+}
+
+// withStderr adds what a command run with Output printed on stderr to
+// its error, which otherwise says only its exit status.
+func withStderr(err error) error {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) && len(bytes.TrimSpace(ee.Stderr)) > 0 {
+		return fmt.Errorf("%w: %s", err, bytes.TrimSpace(ee.Stderr))
+	}
+	return err
+}
+
+// showProps parses `systemctl show -p ...` output into its properties.
+func showProps(show []byte) map[string]string {
 	props := map[string]string{}
 	for _, line := range strings.Split(string(show), "\n") {
 		if k, v, ok := strings.Cut(line, "="); ok {
 			props[k] = v
 		}
 	}
-	if props["LoadState"] != "loaded" {
-		return []check{{Name: "unit", Detail: fmt.Sprintf("%s is %s", name, props["LoadState"]), Fix: "make install-service"}}
+	return props
+}
+
+// diagnoseUnit is doctor --unit name: the unit's user, its delegated
+// cgroup and the controllers the server hands to its runs; then, as root,
+// a doctor run inside the unit's settings, and a hardening option that
+// breaks a run, if one does.
+func diagnoseUnit(name string) []check {
+	var checks []check
+	add := func(c check) { checks = append(checks, c) }
+	root := os.Geteuid() == 0
+	show, err := exec.Command("systemctl", "show", name, "-p", "User", "-p", "ControlGroup", "-p", "ActiveState",
+		"-p", "Delegate", "-p", "LoadState").Output()
+	err = withStderr(err)
+	if err != nil && root {
+		return []check{{Name: "unit", Detail: fmt.Sprintf("systemctl show %s: %v", name, err), Fix: "doctor --unit needs systemd"}}
 	}
-	userOK := props["User"] != "" && props["User"] != "root"
-	add(check{Name: "unit", OK: userOK, Detail: fmt.Sprintf("%s is %s, runs as user %q", name, props["ActiveState"], props["User"]),
-		Fix: fixIf(!userOK, "set User= to a dedicated user: as root, an escape from gVisor lands as root")})
+	props := showProps(show)
+	if err != nil {
+		// Not root, and no D-Bus to ask systemd through: the unit's
+		// cgroup is read where systemd puts a system service's.
+		add(check{Name: "unit", OK: true, Detail: fmt.Sprintf("systemctl show %s: %v; reading its cgroup where systemd puts it", name, err),
+			Fix: "sudo safe-run doctor --unit " + name})
+		props = map[string]string{"ActiveState": "active", "ControlGroup": "/system.slice/" + name, "Delegate": "yes"}
+		if u, err := user.Current(); err == nil {
+			props["User"] = u.Username
+		}
+	} else {
+		if props["LoadState"] != "loaded" {
+			return []check{{Name: "unit", Detail: fmt.Sprintf("%s is %s", name, props["LoadState"]), Fix: "make install-service"}}
+		}
+		userOK := props["User"] != "" && props["User"] != "root"
+		add(check{Name: "unit", OK: userOK, Detail: fmt.Sprintf("%s is %s, runs as user %q", name, props["ActiveState"], props["User"]),
+			Fix: fixIf(!userOK, "set User= to a dedicated user: as root, an escape from gVisor lands as root")})
+	}
 
 	cg := filepath.Join("/sys/fs/cgroup", props["ControlGroup"])
 	if props["ActiveState"] != "active" || props["ControlGroup"] == "" {
@@ -128,9 +196,14 @@ func diagnoseUnit(name string) []check {
 	} else {
 		add(unitCgroupCheck(cg, props["User"], props["Delegate"] == "yes"))
 	}
+	if !root {
+		add(check{Name: "hardening", OK: true, Detail: "not checked: a doctor run inside the unit's settings, and trying each hardening option, " +
+			"start transient services with systemd-run, which needs root", Fix: "sudo safe-run doctor --unit " + name})
+		return checks
+	}
 
 	text, err := exec.Command("systemctl", "cat", name).Output()
-	if err != nil {
+	if err = withStderr(err); err != nil {
 		add(check{Name: "hardening", Detail: fmt.Sprintf("systemctl cat %s: %v", name, err)})
 		return checks
 	}
@@ -140,28 +213,43 @@ func diagnoseUnit(name string) []check {
 		return checks
 	}
 	stateDir := "--state-dir=/run/" + unitRunDir
-	out, err := exec.Command("systemd-run", transientArgs(u, "", "doctor", stateDir)...).CombinedOutput()
-	add(check{Name: "doctor", OK: err == nil, Detail: fmt.Sprintf("doctor as %s with the unit's %d settings (%d of them hardening):\n%s",
-		props["User"], len(u.kept)+len(u.hardening), len(u.hardening), strings.TrimRight(indent(string(out)), "\n")),
-		Fix: fixIf(err != nil, "see the FAIL lines above; the hardening check names an option that breaks a run")})
-	if err == nil {
+	out, ok, err := runTransient(u, "", "doctor", stateDir)
+	if err != nil {
+		add(check{Name: "doctor", Detail: "could not start a service with the unit's settings: " + err.Error(),
+			Fix: "this is systemd-run's failure, not the unit's: fix it and run doctor --unit again"})
+		return checks
+	}
+	add(check{Name: "doctor", OK: ok, Detail: fmt.Sprintf("doctor as %s with the unit's %d settings (%d of them hardening):\n%s",
+		props["User"], len(u.kept)+len(u.hardening), len(u.hardening), strings.TrimRight(indent(out), "\n")),
+		Fix: fixIf(!ok, "see the FAIL lines above; the hardening check names an option that breaks a run")})
+	if ok {
 		add(check{Name: "hardening", OK: true, Detail: fmt.Sprintf("a run works with all %d hardening options of %s", len(u.hardening), name)})
 		return checks
 	}
 	probe := []string{"run", stateDir, "--lang", "python", "-c", "print(6*7)"}
-	if _, err := exec.Command("systemd-run", transientArgs(u, "", probe...)...).Output(); err == nil {
+	out, ok, err = runTransient(u, "", probe...)
+	switch {
+	case err != nil:
+		add(check{Name: "hardening", Detail: "not checked: " + err.Error()})
+		return checks
+	case ok:
 		add(check{Name: "hardening", OK: true, Detail: "a python run works with every hardening option; the failure above is elsewhere"})
 		return checks
 	}
 	var breaking []string
 	for _, h := range u.hardening {
-		if _, err := exec.Command("systemd-run", transientArgs(u, h, probe...)...).Output(); err == nil {
+		_, ok, err := runTransient(u, h, probe...)
+		if err != nil {
+			add(check{Name: "hardening", Detail: fmt.Sprintf("not checked (without %s): %v", h, err)})
+			return checks
+		}
+		if ok {
 			breaking = append(breaking, h)
 		}
 	}
 	if len(breaking) == 0 {
-		add(check{Name: "hardening", Detail: "a run fails even without any one hardening option: the cause is not a single option",
-			Fix: "compare with `safe-run doctor` run as " + props["User"]})
+		add(check{Name: "hardening", Detail: "a python run fails with the unit's settings even without any one hardening option:\n" +
+			strings.TrimRight(indent(out), "\n"), Fix: "the output above names the cause; compare with `safe-run doctor` run as " + props["User"]})
 		return checks
 	}
 	add(check{Name: "hardening", Detail: "a run works only without: " + strings.Join(breaking, ", "),

@@ -38,9 +38,11 @@ WantedBy=multi-user.target
 	if want := []string{"ProtectSystem=strict", "CapabilityBoundingSet=CAP_SYS_ADMIN CAP_SETUID", "PrivateDevices=yes"}; !slices.Equal(u.hardening, want) {
 		t.Errorf("hardening %q; want %q", u.hardening, want)
 	}
-	args := transientArgs(u, "ProtectSystem=strict", "doctor")
+	args := transientArgs(u, "safe-run-doctor-1-1.service", "/run/x.out", "ProtectSystem=strict", "doctor")
 	if slices.Contains(args, "ProtectSystem=strict") || !slices.Contains(args, "PrivateDevices=yes") ||
 		!slices.Contains(args, "RuntimeDirectory="+unitRunDir) || slices.Contains(args, "RuntimeDirectory=safe-run") ||
+		!slices.Contains(args, "StandardOutput=append:/run/x.out") || !slices.Contains(args, "--service-type=oneshot") ||
+		slices.Contains(args, "--wait") || slices.Contains(args, "--pipe") ||
 		!slices.Equal(args[len(args)-2:], []string{"/usr/local/bin/safe-run", "doctor"}) {
 		t.Errorf("transient args %q", args)
 	}
