@@ -107,6 +107,11 @@ probe_off() {
 	done
 }
 
+# serving_lines counts the server's "serving MCP at" lines in this boot's journal.
+serving_lines() {
+	journalctl -u safe-run.service -b -q --no-pager 2>/dev/null | grep -c "serving MCP at" || true
+}
+
 in_vm() {
 	local failed=0 token url ca node_modules
 	fail() {
@@ -246,8 +251,18 @@ print("spun 30 s")
 		sleep 0.5
 	done
 	[[ -n $run_cg ]] || fail "restart: the sleeping run's cgroup never appeared"
+	local served
+	served=$(serving_lines)
 	systemctl restart safe-run.service
 	wait "$sleeper" || true
+	# restart returns once the server is executed, not once it listens.
+	for ((i = 0; i < 900; i++)); do
+		(($(serving_lines) > served)) && break
+		systemctl is-failed -q safe-run.service && break
+		sleep 1
+	done
+	(($(serving_lines) > served)) || fail "restart: no new \"serving MCP at\" line in the journal after $i s"
+	echo "serving again $i s after the restart"
 	[[ -z $run_cg || ! -d $run_cg ]] || fail "restart: the run's cgroup $run_cg is still there"
 	pgrep -af "runsc.*$(basename "${run_cg:-none}")" && fail "restart: the run's runsc processes are still there"
 	out=$(mcp 'print(6*7)' 2>&1) || true
@@ -257,8 +272,14 @@ print("spun 30 s")
 	echo "$out (records: $n1 before the restart, $n2 after)"
 	((n2 > n1)) || fail "restart: no records appended after the restart"
 
-	echo "== safe-run doctor --unit"
+	echo "== safe-run doctor --unit (as root: a doctor run inside the unit's settings)"
 	/usr/local/bin/safe-run doctor --unit safe-run.service || fail "doctor --unit"
+	echo "== safe-run doctor --unit as the service user: the cgroup only, and that the rest needs root"
+	out=$(setpriv --reuid=safe-run --regid=safe-run --init-groups /usr/local/bin/safe-run doctor --unit safe-run.service 2>&1) ||
+		fail "doctor --unit as safe-run: $out"
+	echo "$out"
+	grep -q "PASS  cgroups" <<<"$out" || fail "doctor --unit as safe-run did not read the unit's cgroup"
+	grep -q "which needs root" <<<"$out" || fail "doctor --unit as safe-run did not say the rest needs root"
 
 	echo "== systemctl stop: no sandbox, cgroup or state directory left"
 	systemctl stop safe-run.service
