@@ -265,6 +265,9 @@ func unitCgroupCheck(dir, userName string, delegate bool) check {
 	data, err := os.ReadFile(filepath.Join(dir, "cgroup.controllers"))
 	if err != nil {
 		c.Detail, c.Fix = fmt.Sprintf("read %s: %v", dir, err), "the unit needs cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
+		if errors.Is(err, os.ErrNotExist) {
+			c.Fix = "is the unit running (systemctl status)? it also needs cgroup v2 (systemd.unified_cgroup_hierarchy=1)"
+		}
 		return c
 	}
 	have := strings.Fields(string(data))

@@ -47,3 +47,12 @@ WantedBy=multi-user.target
 		t.Errorf("transient args %q", args)
 	}
 }
+
+func TestIsUnitFlag(t *testing.T) {
+	for arg, want := range map[string]bool{"--unit": true, "-unit": true, "--unit=safe-run.service": true,
+		"unit": false, "--units": false, "--json": false, "safe-run.service": false} {
+		if got := isUnitFlag(arg); got != want {
+			t.Errorf("isUnitFlag(%q) = %v; want %v", arg, got, want)
+		}
+	}
+}
