@@ -342,6 +342,12 @@ for f in bin/safe-run bin/safe-run-agent bin/runsc; do
 		exit 1
 	}
 done
+# The VM's client is the TypeScript SDK that make test's MCP clients
+# (scripts/mcp-clients.sh) install with the Inspector; the VM has no network.
+if [[ ! -e /var/cache/safe-run/npm-tools/node_modules/@modelcontextprotocol/sdk/package.json ]]; then
+	echo "test-service: the TypeScript SDK is not in /var/cache/safe-run/npm-tools; run make test (its scripts/mcp-clients.sh installs it) first" >&2
+	exit 1
+fi
 echo "== the unit, offline: systemd-analyze verify and exposure"
 "$0" --verify
 GO=${GO:-go}
