@@ -12,7 +12,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
 	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 soak vet bench bench-check fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-check fuzz clean
 
 # Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
 # looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
@@ -60,6 +60,21 @@ demo: deps build runsc rootfs
 install: build runsc
 	install -d $(DESTDIR)$(PREFIX)/bin
 	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/runsc $(DESTDIR)$(PREFIX)/bin/
+
+# safe-run as a hardened systemd service (deploy/systemd/safe-run.service,
+# docs/service.md), as root: binaries, the user safe-run, the unit, a config,
+# a bearer token, a TLS certificate, the default image; enabled and started.
+# uninstall-service removes it all but the audit log (PURGE=1: that too).
+install-service: build runsc
+	scripts/install-service.sh install
+
+uninstall-service:
+	scripts/install-service.sh uninstall
+
+# systemd-analyze verify on the unit and its exposure score, without
+# installing it (the binary it names is this checkout's).
+verify-service: build
+	scripts/test-service.sh --verify
 
 vet:
 	$(GO) vet ./...
@@ -126,6 +141,12 @@ test-rootless: build runsc rootfs
 # cgroup v1 controllers cannot be delegated. Installs qemu-system-x86 if missing; run as root.
 test-cgroup-v2: build runsc rootfs
 	scripts/test-cgroup-v2.sh
+
+# The service end to end in a QEMU VM with systemd as process 1 (software
+# emulation): make install-service's steps, then HTTPS, limits, audit,
+# restart and stop through the real unit. Run as root.
+test-service: build runsc rootfs
+	scripts/test-service.sh
 
 clean:
 	rm -rf bin

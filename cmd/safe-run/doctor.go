@@ -28,6 +28,7 @@ func cmdDoctor(args []string) int {
 	var net netFlags
 	env := registerWithEnv(fs, host.register, net.registerHost)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
+	unit := fs.String("unit", "", "as root: check the systemd `unit` that runs safe-run serve (its user, delegated cgroup, and a run inside its hardening)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
 		printSettings(fs, env)
@@ -38,7 +39,12 @@ func cmdDoctor(args []string) int {
 	if err := applySettings(fs, env, os.LookupEnv, ""); err != nil {
 		return fail(usageError("%v", err))
 	}
-	checks := diagnose(&host, &net)
+	var checks []check
+	if *unit != "" {
+		checks = diagnoseUnit(*unit)
+	} else {
+		checks = diagnose(&host, &net)
+	}
 	ok := true
 	for _, c := range checks {
 		ok = ok && c.OK

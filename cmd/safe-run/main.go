@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/safe-run/safe-run/rootfs"
@@ -74,7 +75,9 @@ func enterUserNamespace(args []string) {
 	switch args[0] {
 	case "run", "serve", "check":
 	case "doctor":
-		if userNamespaceCheck() != nil {
+		// doctor --unit reads a system service's cgroup as the user it is,
+		// whose uid a namespace of its own would show as root.
+		if userNamespaceCheck() != nil || slices.ContainsFunc(args[1:], isUnitFlag) {
 			return
 		}
 	default:
@@ -94,6 +97,12 @@ func enterUserNamespace(args []string) {
 		env = append(env, defaultCacheEnv+"=")
 	}
 	userNamespaceMain(env...)
+}
+
+// isUnitFlag reports whether arg is doctor's --unit flag.
+func isUnitFlag(arg string) bool {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	return strings.HasPrefix(arg, "-") && name == "unit"
 }
 
 func dispatch(args []string) int {

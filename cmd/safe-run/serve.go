@@ -30,8 +30,9 @@ const serveUsage = `Usage: safe-run serve [flags]
 
 Serves the Model Context Protocol: over stdio by default (for desktop
 clients, which start safe-run themselves), or over Streamable HTTP at
-http://ADDR/mcp with --http ADDR. A listener on a non-loopback address
-needs a bearer token (--token or --token-file).
+http://ADDR/mcp with --http ADDR (https:// with --tls-cert and --tls-key).
+A listener on a non-loopback address needs a bearer token (--token or
+--token-file), and TLS unless --insecure-http.
 Over HTTP, Prometheus metrics are served at http://ADDR/metrics, behind
 the same Host, Origin and token checks as /mcp.
 
@@ -57,6 +58,7 @@ type serveConfig struct {
 	hosts         string
 	maxBody       int64
 	httpLimits    httpLimits
+	tls           tlsFlags
 	maxConcurrent int
 	maxQueue      int
 	timeout       time.Duration
@@ -87,6 +89,7 @@ func (f *serveConfig) register(fs *flag.FlagSet) {
 	f.maxBody = 100 * sandbox.MiB
 	fs.Var(sizeFlag{&f.maxBody}, "max-body", "largest HTTP request body (a `size` such as 100MiB)")
 	f.httpLimits.register(fs)
+	f.tls.register(fs)
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", goruntime.NumCPU(), "most runs at once")
 	fs.IntVar(&f.maxQueue, "max-queue", 16, "most calls waiting for a run; more are refused")
 	fs.DurationVar(&f.timeout, "timeout", sandbox.DefaultLimits.Timeout, "timeout of a call that sets none")
@@ -223,6 +226,9 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 			return s, err
 		}
 		s.listener = mcp.LimitConnections(s.listener, f.httpLimits.maxConnections)
+		if s.listener, err = f.tls.secure(ctx, s.listener, logger); err != nil {
+			return s, err
+		}
 		if os.Getenv("GOMEMLIMIT") == "" {
 			cache := int64(0)
 			if f.cacheTTL > 0 {
@@ -359,7 +365,7 @@ func (s *service) serveHTTP(ctx context.Context) error {
 	// SSE streams; the handler sets per-body and per-write deadlines.
 	httpSrv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: f.httpLimits.idleTimeout,
 		BaseContext: func(net.Listener) context.Context { return ctx }}
-	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at http://%s%s\n", s.listener.Addr(), mcp.HTTPPath)
+	fmt.Fprintf(os.Stderr, "safe-run: serving MCP at %s://%s%s\n", f.tls.scheme(), s.listener.Addr(), mcp.HTTPPath)
 	errc := make(chan error, 1)
 	go func() { errc <- httpSrv.Serve(s.listener) }()
 	select {

@@ -46,6 +46,7 @@ func TestEnvNames(t *testing.T) {
 	network := map[string]string{"allow-net": "SAFE_RUN_ALLOW_NET", "allow-packages": "SAFE_RUN_ALLOW_PACKAGES",
 		"net-max-connections": "SAFE_RUN_NET_MAX_CONNECTIONS", "net-max-bytes": "SAFE_RUN_NET_MAX_BYTES", "net-ca": "SAFE_RUN_NET_CA",
 		"pip-index-url": "SAFE_RUN_PIP_INDEX_URL", "npm-registry": "SAFE_RUN_NPM_REGISTRY"}
+	tls := map[string]string{"tls-cert": "SAFE_RUN_TLS_CERT", "tls-key": "SAFE_RUN_TLS_KEY", "insecure-http": "SAFE_RUN_INSECURE_HTTP"}
 	union := func(ms ...map[string]string) map[string]string {
 		out := map[string]string{}
 		for _, m := range ms {
@@ -62,7 +63,7 @@ func TestEnvNames(t *testing.T) {
 		command   string
 		got, want map[string]string
 	}{
-		{"serve", serveEnv, union(host, audits, serve, network, netHost)},
+		{"serve", serveEnv, union(host, audits, serve, network, netHost, tls)},
 		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register, n.register), union(host, audits, network, netHost)},
 		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register, n.registerHost), union(host, netHost)},
 	} {
