@@ -27,6 +27,7 @@ import (
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
 	"github.com/safe-run/safe-run/egress"
@@ -111,8 +112,11 @@ func (n *sandboxNet) setUp() error {
 	}
 	// runsc would copy IPv6 link-local addresses into the sandbox; the
 	// helper drops IPv6 anyway. /proc/sys/net is the opener's namespace.
+	// Where /proc/sys is read-only (systemd's ProtectKernelTunables=), the
+	// links get no IPv6 address generation instead (noLinkLocal).
 	for _, conf := range []string{"all", "default"} {
-		if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+		err := os.WriteFile("/proc/sys/net/ipv6/conf/"+conf+"/disable_ipv6", []byte("1"), 0)
+		if err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.EROFS) {
 			return fmt.Errorf("disable IPv6 in the network namespace: %w", err)
 		}
 	}
@@ -131,6 +135,9 @@ func (n *sandboxNet) setUp() error {
 	}
 	if err != nil {
 		return err
+	}
+	if err := noLinkLocal(link); err != nil {
+		return fmt.Errorf("turn off IPv6 addresses of %s: %w", linkName, err)
 	}
 	addr := &netlink.Addr{IPNet: &net.IPNet{IP: egress.SandboxAddr.AsSlice(), Mask: net.CIDRMask(egress.LinkPrefixLen, 32)}}
 	if err := netlink.AddrAdd(link, addr); err != nil {
@@ -186,6 +193,9 @@ func (n *sandboxNet) veth() (netlink.Link, error) {
 		err = netlink.LinkSetMTU(peer, n.mtu)
 	}
 	if err == nil {
+		err = noLinkLocal(peer)
+	}
+	if err == nil {
 		err = netlink.LinkSetUp(peer)
 	}
 	if err != nil {
@@ -202,6 +212,26 @@ func (n *sandboxNet) veth() (netlink.Link, error) {
 	}
 	n.file = os.NewFile(uintptr(fd), "packet:"+peerName)
 	return link, nil
+}
+
+// noLinkLocal sets a link's IPv6 address generation to none (before it is
+// up), so it never gets a link-local address, whatever /proc/sys allows.
+// A kernel without IPv6 has nothing to turn off.
+func noLinkLocal(link netlink.Link) error {
+	const addrGenModeNone = 1 // IN6_ADDR_GEN_MODE_NONE, include/uapi/linux/if_link.h
+	req := nl.NewNetlinkRequest(unix.RTM_SETLINK, unix.NLM_F_ACK)
+	msg := nl.NewIfInfomsg(unix.AF_UNSPEC)
+	msg.Index = int32(link.Attrs().Index)
+	req.AddData(msg)
+	spec := nl.NewRtAttr(unix.IFLA_AF_SPEC, nil)
+	inet6 := spec.AddRtAttr(unix.AF_INET6, nil)
+	inet6.AddRtAttr(unix.IFLA_INET6_ADDR_GEN_MODE, []byte{addrGenModeNone})
+	req.AddData(spec)
+	_, err := req.Execute(unix.NETLINK_ROUTE, 0)
+	if errors.Is(err, unix.EAFNOSUPPORT) {
+		return nil
+	}
+	return err
 }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }

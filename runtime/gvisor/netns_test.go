@@ -121,6 +121,7 @@ import socket, time
 print(open("/etc/resolv.conf").read().strip())
 import os
 print("links", sorted(l.split(":")[0].strip() for l in open("/proc/net/dev").readlines()[2:]))
+print("eth0 has inet6:", "eth0" in set(l.split()[-1] for l in open("/proc/net/if_inet6")))
 s = socket.socket(); s.settimeout(1)
 try:
     s.connect(("198.18.0.1", 80))
@@ -146,7 +147,8 @@ func TestNetworkedSandbox(t *testing.T) {
 				f.Close()
 			}
 			wantStatus(t, res, sandbox.StatusOK)
-			for _, want := range []string{"nameserver 198.18.0.1", "'eth0'", "connect "} {
+			// No IPv6 address on the link: runsc would copy a link-local one.
+			for _, want := range []string{"nameserver 198.18.0.1", "'eth0'", "connect ", "eth0 has inet6: False"} {
 				if !strings.Contains(res.Stdout, want) {
 					t.Errorf("stdout lacks %q:\n%s", want, res.Stdout)
 				}
@@ -651,3 +653,35 @@ func allowNet(t *testing.T, cfg *testConfig, entries ...string) {
 	}
 	cfg.Engine.Policy.Network = allow
 }
+
+// TestNetworkReadOnlyProcSys runs TestNetworkedSandbox where /proc/sys is
+// read-only, as under systemd's ProtectKernelTunables= (the service's unit):
+// IPv6 cannot be switched off through sysctl there, so the link must still
+// come up without an IPv6 address.
+func TestNetworkReadOnlyProcSys(t *testing.T) {
+	if os.Getenv("SAFE_RUN_INTEGRATION") != "1" {
+		t.Skip("integration test (SAFE_RUN_INTEGRATION=1)")
+	}
+	if os.Getenv(readOnlyProcSysEnv) == "1" {
+		t.Skip("already inside the read-only /proc/sys")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns := []string{"--mount"}
+	if os.Geteuid() != 0 {
+		ns = []string{"--user", "--map-root-user", "--mount"}
+	}
+	script := `mount -o bind,ro /proc/sys /proc/sys && ! echo 1 2>/dev/null >/proc/sys/net/ipv6/conf/all/disable_ipv6 && exec "$0" "$@"`
+	cmd := exec.Command("unshare", append(ns, "sh", "-c", script, exe, "-test.run=^TestNetworkedSandbox$/^veth$", "-test.count=1", "-test.v")...)
+	cmd.Env = append(os.Environ(), readOnlyProcSysEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetworkedSandbox/veth") {
+		t.Fatalf("TestNetworkedSandbox/veth with /proc/sys read-only: %v", err)
+	}
+}
+
+// readOnlyProcSysEnv marks the child of TestNetworkReadOnlyProcSys.
+const readOnlyProcSysEnv = "SAFE_RUN_TEST_READ_ONLY_PROC_SYS"
