@@ -72,6 +72,13 @@ JSON
 	for ((i = 0; i < 900; i++)); do
 		journalctl -u safe-run.service -b --no-pager -q 2>/dev/null | grep -q "serving MCP at" && break
 		systemctl is-failed -q safe-run.service && break
+		# A server that exits at start is restarted by the unit forever:
+		# after a few tries, say why instead of waiting.
+		if (($(systemctl show -p NRestarts --value safe-run.service) >= 3)); then
+			journalctl -u safe-run.service -b --no-pager -q | grep -v "^-- " | tail -n 8 >&2
+			echo "install-service: the service keeps exiting at start (above); fix it and run make install-service again" >&2
+			exit 1
+		fi
 		sleep 1
 	done
 	systemctl --no-pager --lines=5 status safe-run.service || {

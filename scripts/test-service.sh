@@ -399,11 +399,13 @@ fi
 mkdir "$work/k"
 dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards './boot/vmlinuz-*' \
 	'*/kernel/drivers/virtio/virtio*.ko' '*/kernel/fs/netfs/*.ko' '*/kernel/fs/fscache/*.ko' \
-	'*/kernel/net/9p/*.ko' '*/kernel/fs/9p/*.ko' '*/kernel/fs/overlayfs/*.ko'
+	'*/kernel/net/9p/*.ko' '*/kernel/fs/9p/*.ko' '*/kernel/fs/overlayfs/*.ko' \
+	'*/kernel/drivers/net/veth.ko' '*/kernel/drivers/net/tun.ko'
 kernel=$(echo "$work"/k/boot/vmlinuz-*)
 "$GO" build -o "$work/vminit" ./scripts/vminit
 mapfile -t modules < <(find "$work/k" \( -name virtio.ko -o -name virtio_ring.ko -o -name 'virtio_pci*.ko' \
-	-o -name netfs.ko -o -name fscache.ko -o -name 9pnet.ko -o -name 9pnet_virtio.ko -o -name 9p.ko -o -name overlay.ko \))
+	-o -name netfs.ko -o -name fscache.ko -o -name 9pnet.ko -o -name 9pnet_virtio.ko -o -name 9p.ko -o -name overlay.ko \
+	-o -name veth.ko -o -name tun.ko \))
 "$work/vminit" -pack "$work/initrd.gz" "${modules[@]}"
 echo "== booting $(basename "$kernel") in QEMU with systemd as process 1 (emulated CPU; slow)"
 timeout="${TEST_SERVICE_TIMEOUT:-40m}"
