@@ -117,7 +117,9 @@ type Report struct {
 }
 
 // HelperConfig is what the backend tells the network helper
-// (safe-run-net) on its standard input, as JSON.
+// (safe-run-net) on its standard input, as JSON, in one line. Each later
+// line asks for a HelperEvent with Synced; the end of the input asks the
+// helper to finish.
 type HelperConfig struct {
 	// Allow are the sandbox's allowlist entries, canonical (see Parse).
 	Allow []string `json:"allow"`
@@ -148,6 +150,9 @@ type HelperEvent struct {
 	Conn *Connection `json:"conn,omitempty"`
 	// Error is why the helper is giving up; it exits next.
 	Error string `json:"error,omitempty"`
+	// Synced answers a line on the helper's stdin: every record of a
+	// decision made before that line came is ahead of it in the stream.
+	Synced bool `json:"synced,omitempty"`
 }
 
 // The addresses of a sandbox's link, the same in every sandbox (each has

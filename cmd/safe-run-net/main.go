@@ -127,7 +127,15 @@ func run(stdin io.Reader, ev *events, log *slog.Logger) error {
 		return err
 	}
 	ev.emit(egress.HelperEvent{Ready: true})
-	io.Copy(io.Discard, in) // until EOF: finish
+	// Each further line asks for a mark in the event stream: every record
+	// of a decision made before it is ahead of it (records are written as
+	// they are decided). EOF means finish.
+	for {
+		if _, err := in.ReadBytes('\n'); err != nil {
+			break
+		}
+		ev.emit(egress.HelperEvent{Synced: true})
+	}
 	st.Close()
 	return nil
 }

@@ -216,6 +216,11 @@ func TestHelperProtocol(t *testing.T) {
 		return r.Kind == egress.KindTCP && r.Name == "ok.test" && !r.Open && r.BytesIn > 0
 	})
 	h.record(t, "udp drop", func(r egress.Connection) bool { return r.Kind == egress.KindUDP && r.Addr == "203.0.113.7:443" })
+	// A further line on stdin is answered with a mark in the event stream.
+	if _, err := h.stdin.Write([]byte("sync\n")); err != nil {
+		t.Fatal(err)
+	}
+	h.events.Wait(t, "synced event", func(ev egress.HelperEvent) bool { return ev.Synced }, &h.stderr)
 	h.finish(t)
 }
 

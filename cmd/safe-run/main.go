@@ -49,8 +49,9 @@ func init() {
 
 func main() {
 	shimMain() // never returns when this process is the cgroup shim
-	enterUserNamespace(os.Args[1:])
+	// Before the user namespace's re-exec, which would inherit them too.
 	closeInheritedFiles()
+	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
 }
 

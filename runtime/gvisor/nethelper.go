@@ -35,6 +35,8 @@ type netHelperProc struct {
 	stdin *os.File
 	allow []string
 	done  chan struct{} // closed when the event stream has ended
+	// synced gets the helper's marks (see sync).
+	synced chan struct{}
 
 	log egress.Log // the records since the last take
 
@@ -69,7 +71,7 @@ func (g *Backend) startNetHelper(n *sandboxNet, allow []string, limits egress.Li
 		closeFiles(stdinR, stdinW)
 		return nil, err
 	}
-	h := &netHelperProc{stdin: stdinW, allow: allow, done: make(chan struct{})}
+	h := &netHelperProc{stdin: stdinW, allow: allow, done: make(chan struct{}), synced: make(chan struct{}, 1)}
 	h.cmd = exec.Command(path)
 	h.cmd.Stdin, h.cmd.Stderr = stdinR, os.Stderr
 	h.cmd.ExtraFiles = []*os.File{n.file, eventsW} // fd 3, fd 4
@@ -151,6 +153,11 @@ func (h *netHelperProc) readEvents(r *os.File, ready chan<- error) {
 			ready <- nil
 		case ev.Conn != nil:
 			h.log.Add(*ev.Conn)
+		case ev.Synced:
+			select {
+			case h.synced <- struct{}{}:
+			default:
+			}
 		}
 	}
 	_ = h.cmd.Wait()
@@ -203,21 +210,47 @@ func (h *netHelperProc) take(final bool) egress.Report {
 
 // settleTimeout bounds how long a session call's take waits for the close
 // records of connections its program closed.
-const settleTimeout = 150 * time.Millisecond
+const settleTimeout = 500 * time.Millisecond
 
-// settle waits, a bounded time, until no record since the last take is of
-// an open connection: the program's close reaches the helper a moment after
+// settle waits, a bounded time, for the helper's mark after the records
+// so far (sync), then until no record since the last take is of an open
+// connection: the program's close reaches the helper a moment after
 // the call's exit report reaches the host, and its record (with the bytes)
 // belongs to this call. A connection the program keeps open past the call
 // is reported open, and again when it closes.
 func (h *netHelperProc) settle() {
 	deadline := time.Now().Add(settleTimeout)
+	h.sync(deadline)
 	for h.log.Open() > 0 && time.Now().Before(deadline) {
 		select {
 		case <-h.done:
 			return
 		case <-time.After(5 * time.Millisecond):
 		}
+	}
+}
+
+// sync waits, until deadline, for the helper's mark after every record
+// it has written so far: the records of the decisions of a call that just
+// ended are then in the log, even if they were still in the pipe.
+func (h *netHelperProc) sync(deadline time.Time) {
+	h.mu.Lock()
+	finished := h.finished
+	h.mu.Unlock()
+	if finished {
+		return
+	}
+	select { // a mark left over from an earlier sync that timed out
+	case <-h.synced:
+	default:
+	}
+	if _, err := h.stdin.Write([]byte("sync\n")); err != nil {
+		return
+	}
+	select {
+	case <-h.synced:
+	case <-h.done:
+	case <-time.After(time.Until(deadline)):
 	}
 }
 
