@@ -40,17 +40,21 @@ work=$(mktemp -d /tmp/safe-run-rootless.XXXXXX)
 trap "rm -rf '$work'" EXIT
 chmod 755 "$work"
 make --no-print-directory install PREFIX="$work" >/dev/null
-# Each test binary runs, as `go test` runs it, in a directory of its own
-# holding a copy of its package's testdata (the user's to write in).
+# Each test binary runs, as `go test` runs it, in its package's directory
+# of a tree laid out as the repository's, holding a copy of its testdata and
+# the scripts tests run (the user's to write in).
 for pkg in runtime/gvisor cmd/safe-run; do
 	t=$(basename "$pkg")
 	"$GO" test -c -o "$work/$t.test" "./$pkg"
-	mkdir -p "$work/pkg-$t"
+	mkdir -p "$work/src/$pkg"
 	if [[ -d $pkg/testdata ]]; then
-		cp -r "$pkg/testdata" "$work/pkg-$t/"
+		cp -r "$pkg/testdata" "$work/src/$pkg/"
 	fi
-	chown -R "$USER_ID:$USER_ID" "$work/pkg-$t"
 done
+mkdir -p "$work/src/scripts"
+cp scripts/mcp-run.mjs "$work/src/scripts/"
+chown -R "$USER_ID:$USER_ID" "$work/src"
+pkgdir() { case $1 in gvisor) echo "$work/src/runtime/gvisor" ;; safe-run) echo "$work/src/cmd/safe-run" ;; esac; }
 mkdir -p "$work/home" "$work/run"
 chown "$USER_ID:$USER_ID" "$work/home" "$work/run"
 chmod 700 "$work/run"
@@ -69,7 +73,7 @@ echo "== as uid $USER_ID: safe-run doctor"
 status=0
 for t in gvisor safe-run; do
 	echo "== as uid $USER_ID: $t tests"
-	(cd "$work/pkg-$t" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
+	(cd "$(pkgdir "$t")" && as_user "$work/$t.test" -test.count=1 -test.timeout=40m \
 		"$@") || status=1
 done
 # The network tests once more with /dev/net/tun open to everyone, as stock
@@ -83,7 +87,7 @@ if [[ -n $tun_mode && $tun_mode != 666 ]]; then
 	chmod 0666 /dev/net/tun
 	for t in gvisor safe-run; do
 		echo "== as uid $USER_ID, /dev/net/tun 0666: $t network tests"
-		(cd "$work/pkg-$t" && as_user "$work/$t.test" -test.count=1 -test.timeout=20m \
+		(cd "$(pkgdir "$t")" && as_user "$work/$t.test" -test.count=1 -test.timeout=20m \
 			-test.run='Network|Install') || status=1
 	done
 	chmod "$tun_mode" /dev/net/tun
