@@ -89,10 +89,23 @@ func createNet(dir, kind string) (*sandboxNet, error) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread ends with the goroutine, and takes
-		// the new namespace with it, so no other goroutine runs there.
 		goruntime.LockOSThread()
+		// The thread goes back to the host's namespace and to the
+		// runtime when it can (root): a thread that ends would take with
+		// it every child it ever forked with a parent-death signal (the
+		// signal follows the forking thread), such as another sandbox's
+		// runsc. The root of a user namespace cannot go back; its thread
+		// ends with the goroutine and takes the new namespace with it.
+		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			errc <- fmt.Errorf("open this thread's network namespace: %w", err)
+			return
+		}
+		defer unix.Close(orig)
 		errc <- n.setUp()
+		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
+			goruntime.UnlockOSThread()
+		}
 	}()
 	if err := <-errc; err != nil {
 		n.remove()
