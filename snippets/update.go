@@ -27,8 +27,8 @@ type edit struct {
 
 // Update returns data with the expected-output blocks of blocks (as Parse
 // returned them for data) holding outputs' texts. An expected block whose
-// text already matches (Match, in its own mode) or is the same text is left
-// as it is, ellipses and all; a regex block gets each new line quoted as a literal expression.
+// text already matches (Match, in its own mode) or, in a literal block, is
+// the same text is left as it is, ellipses and all; a regex block gets each new line quoted as a literal expression.
 // With all, a block without an expected block gets a new "output" block
 // right after it (only for output that is not empty). A document nothing
 // changes in comes back byte for byte; a CRLF document keeps CRLF in what
@@ -125,7 +125,12 @@ func fenceFor(char byte, atLeast int, text string) string {
 
 // replaceOutput is the edit that puts text into exp, if it needs one.
 func replaceOutput(lines []line, exp *Expected, text string) (edit, bool) {
-	if Match(exp.Text, text, exp.Regex) || slices.Equal(normLines(exp.Text), normLines(text)) {
+	if Match(exp.Text, text, exp.Regex) {
+		return edit{}, false
+	}
+	// The same text is left alone too, but not in a regex block: there an
+	// expression like "$" or "a+" is not a match for its own text.
+	if !exp.Regex && slices.Equal(normLines(exp.Text), normLines(text)) {
 		return edit{}, false
 	}
 	// The content runs from the line after the opening fence to the

@@ -37,6 +37,10 @@ func TestUpdate(t *testing.T) {
 			"```python\nx\n```\n```output regex\n[0-9]+\n```\n",
 			[]Output{{0, "a.b (c)\n"}}, false,
 			"```python\nx\n```\n```output regex\na\\.b \\(c\\)\n```\n"},
+		{"regex block whose text is the output but does not match it",
+			"```sh\nx\n```\n```output regex\n$\n```\n",
+			[]Output{{0, "$\n"}}, false,
+			"```sh\nx\n```\n```output regex\n\\$\n```\n"},
 		{"keeps the fence's indentation",
 			"  ```python\n  x\n  ```\n  ```output\n  1\n  ```\n",
 			[]Output{{0, "a\n\nb\n"}}, false,
@@ -128,12 +132,13 @@ func TestUpdate(t *testing.T) {
 }
 
 // TestUpdateUnchanged checks that a document whose outputs are what it says
-// comes back byte for byte, whatever its line endings and layout.
+// comes back byte for byte, whatever its line endings and layout (its regex
+// block's expressions match their own text).
 func TestUpdateUnchanged(t *testing.T) {
 	for _, doc := range []string{
 		"# T\r\n\r\n```python\r\nprint(1)\r\n```\r\n\r\n```output\r\n1   \r\n```\r\nend",
 		"  ```bash\n echo a\n\techo b\n  ```\n   ~~~~output\n a\n\tb\n   ~~~~   \n",
-		"```bash\necho\n```\n```output regex\n[a-z]+\n...\n```",
+		"```bash\necho\n```\n```output regex\nid .*\n...\n```",
 		"no blocks at all\r\n",
 		"",
 	} {
