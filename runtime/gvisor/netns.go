@@ -1,17 +1,25 @@
 package gvisor
 
 // A networked sandbox lives in a network namespace of its own, which
-// safe-run creates before runsc starts: one OS thread unshares it, brings up
-// its loopback, creates the link the sandbox's traffic leaves through and
-// bind-mounts the namespace to a file in the run directory (runsc joins it
-// by that path); the thread is then discarded, because the root of a user
-// namespace cannot return to the host's network namespace, and the rest of
-// the process stays there. The link is a TAP device, or, where
+// safe-run creates before runsc starts: the namespace thread unshares it,
+// brings up its loopback, creates the link the sandbox's traffic leaves
+// through and bind-mounts the namespace to a file in the run directory
+// (runsc joins it by that path). The link is a TAP device, or, where
 // /dev/net/tun cannot be opened (0600 on some hosts, so not for an ordinary
 // user), a veth pair whose end without an address is read through an
 // AF_PACKET socket. Its other side, the fd, goes to the network helper.
 //
-// A bind mount rather than a thread parked in the namespace: it costs no
+// The namespace thread is one OS thread, locked for the life of the
+// process, that does nothing else; between sandboxes it waits in a parking
+// namespace (the host's for root; an empty one of its own for the root of
+// a user namespace, which may not return to the host's). It must never
+// end: a parent-death signal follows the thread that forked a child, so a
+// thread that ended would kill every runsc and helper it had ever started
+// (a thread that was locked and discarded after each namespace killed other
+// sandboxes that way), and it must not go back to the runtime while in a
+// namespace not the process's own.
+//
+// A bind mount rather than a thread parked in each namespace: it costs no
 // thread per sandbox, and a safe-run that dies leaves it in the run
 // directory, where the reaper unmounts it (in a user namespace it dies with
 // the mount namespace); once runsc and the helper are gone, the namespace
@@ -24,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"sync"
 	"unsafe"
 
 	"github.com/vishvananda/netlink"
@@ -87,35 +96,80 @@ func createNet(dir, kind string) (*sandboxNet, error) {
 	if err := os.WriteFile(n.nsPath, nil, 0o600); err != nil {
 		return nil, fmt.Errorf("create network namespace file: %w", err)
 	}
-	errc := make(chan error, 1)
-	go func() {
-		goruntime.LockOSThread()
-		// The thread goes back to the host's namespace and to the
-		// runtime when it can (root): a thread that ends would take with
-		// it every child it ever forked with a parent-death signal (the
-		// signal follows the forking thread), such as another sandbox's
-		// runsc. The root of a user namespace cannot go back; its thread
-		// ends with the goroutine and takes the new namespace with it.
-		orig, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errc <- fmt.Errorf("open this thread's network namespace: %w", err)
-			return
-		}
-		defer unix.Close(orig)
-		errc <- n.setUp()
-		if unix.Setns(orig, unix.CLONE_NEWNET) == nil {
-			goruntime.UnlockOSThread()
-		}
-	}()
-	if err := <-errc; err != nil {
+	if err := onNamespaceThread(n.setUp); err != nil {
 		n.remove()
 		return nil, err
 	}
 	return n, nil
 }
 
-// setUp runs on a locked thread: it moves the thread into a new network
-// namespace and builds the link there.
+// namespaceThread is the namespace thread's queue of work, started once.
+var namespaceThread struct {
+	once sync.Once
+	work chan threadWork
+}
+
+// threadWork is a function for the namespace thread and where its error goes.
+type threadWork struct {
+	f    func() error
+	done chan<- error
+}
+
+// onNamespaceThread runs f on the namespace thread and returns its error.
+func onNamespaceThread(f func() error) error {
+	namespaceThread.once.Do(func() {
+		namespaceThread.work = make(chan threadWork)
+		go runNamespaceThread(namespaceThread.work)
+	})
+	done := make(chan error, 1)
+	namespaceThread.work <- threadWork{f, done}
+	return <-done
+}
+
+// runNamespaceThread locks itself to its thread for good and runs work
+// there, each piece from the parking namespace.
+func runNamespaceThread(work <-chan threadWork) {
+	goruntime.LockOSThread() // never unlocked: see the top of this file
+	park, err := parkingNamespace()
+	for w := range work {
+		if err != nil {
+			w.done <- fmt.Errorf("network namespace thread: %w", err)
+			continue
+		}
+		ferr := w.f()
+		// Back in the parking namespace, the thread does not keep the
+		// sandbox's namespace (and its links) until the next one. It may
+		// always return to where it was; if it ever could not, later
+		// sandboxes would start from a namespace that is not empty.
+		if e := unix.Setns(park, unix.CLONE_NEWNET); e != nil {
+			err = fmt.Errorf("return to the parking namespace: %w", e)
+		}
+		w.done <- ferr
+	}
+}
+
+// parkingNamespace opens the namespace the thread waits in: the one it
+// started in if it may return there, else a new empty one.
+func parkingNamespace() (int, error) {
+	fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("open this thread's network namespace: %w", err)
+	}
+	if unix.Setns(fd, unix.CLONE_NEWNET) == nil {
+		return fd, nil
+	}
+	unix.Close(fd)
+	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+		return -1, fmt.Errorf("create the parking network namespace: %w", err)
+	}
+	if fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return -1, fmt.Errorf("open the parking network namespace: %w", err)
+	}
+	return fd, nil
+}
+
+// setUp runs on the namespace thread: it moves the thread into a new
+// network namespace and builds the link there.
 func (n *sandboxNet) setUp() error {
 	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
 		return fmt.Errorf("create network namespace: %w", err)

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/safe-run/safe-run/bundle"
 	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/rootfs"
@@ -685,3 +687,70 @@ func TestNetworkReadOnlyProcSys(t *testing.T) {
 
 // readOnlyProcSysEnv marks the child of TestNetworkReadOnlyProcSys.
 const readOnlyProcSysEnv = "SAFE_RUN_TEST_READ_ONLY_PROC_SYS"
+
+// TestNetworkNamespaceThread checks that making a sandbox's network
+// namespace ends no OS thread and leaves none in that namespace: a
+// parent-death signal follows the thread that forked a child, so a thread
+// that ended would kill every runsc and helper it had started (the soak's
+// sandbox errors), and one left in the namespace would keep it and its
+// links after the sandbox. Several at once, as a busy server makes them.
+func TestNetworkNamespaceThread(t *testing.T) {
+	kind, err := chooseLink("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := threadIDs(t)
+	var inodes []uint64
+	errc := make(chan error, 4)
+	inoc := make(chan uint64, 4)
+	for range 4 {
+		go func() {
+			dir := t.TempDir()
+			n, err := createNet(dir, kind)
+			if err != nil {
+				errc <- err
+				return
+			}
+			var st unix.Stat_t
+			err = unix.Stat(n.nsPath, &st)
+			inoc <- st.Ino
+			n.remove()
+			errc <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errc; err != nil {
+			t.Fatalf("createNet: %v", err)
+		}
+		inodes = append(inodes, <-inoc)
+	}
+	after := threadIDs(t)
+	for _, tid := range before {
+		if !slices.Contains(after, tid) {
+			t.Errorf("thread %s ended while network namespaces were made (threads before %v, after %v)", tid, before, after)
+		}
+	}
+	for _, tid := range after {
+		var st unix.Stat_t
+		if err := unix.Stat("/proc/self/task/"+tid+"/ns/net", &st); err != nil {
+			continue // it ended since
+		}
+		if slices.Contains(inodes, st.Ino) {
+			t.Errorf("thread %s is still in a sandbox's network namespace (inode %d) after it was removed", tid, st.Ino)
+		}
+	}
+}
+
+// threadIDs lists this process's threads.
+func threadIDs(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range ents {
+		ids = append(ids, e.Name())
+	}
+	return ids
+}
