@@ -18,16 +18,18 @@
 # the sub-check that cannot apply. Every test that passes as root must pass here.
 # Extra arguments go to both test binaries, e.g. -test.run='^TestThreats$' -test.v.
 #
-# Then, as the same user: the MCP clients of `make test` (the inspector over
-# stdio and HTTP, the conformance suite), and `make demo` in a checkout of the
-# user's own, which builds runsc and the default image without root into the
-# user's caches ($SAFE_RUN_USER_CACHE, default /var/cache/safe-run-user).
+# Then, as the same user: a short soak (the mix of `make soak`), the MCP
+# clients of `make test` (the inspector over stdio and HTTP, the conformance
+# suite), and `make demo` in a checkout of the user's own, which builds runsc
+# and the default image without root into the user's caches ($SAFE_RUN_USER_CACHE, default /var/cache/safe-run-user).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 GO=${GO:-go}
 USER_ID=65534
 # The user's caches (Go's and safe-run's images), kept between runs.
 USER_CACHE=${SAFE_RUN_USER_CACHE:-/var/cache/safe-run-user}
+# How many runs the user's soak makes (root's is `make soak`).
+ROOTLESS_SOAK_RUNS=${ROOTLESS_SOAK_RUNS:-120}
 
 if [[ $(id -u) != 0 ]]; then
 	echo "test-rootless: run as root: it switches to uid $USER_ID itself" >&2
@@ -92,6 +94,14 @@ if [[ -n $tun_mode && $tun_mode != 666 ]]; then
 	done
 	chmod "$tun_mode" /dev/net/tun
 fi
+# The soak's mix (every language and ending, networked runs among them)
+# through one server of the user's: networked sandboxes' namespaces are made
+# differently in a user namespace, and a rootless server once killed its
+# other sandboxes with the threads it made them on.
+echo "== as uid $USER_ID: soak, $ROOTLESS_SOAK_RUNS mixed runs through one MCP server"
+(cd "$(pkgdir safe-run)" && as_user env SAFE_RUN_SOAK_RUNS="$ROOTLESS_SOAK_RUNS" "$work/safe-run.test" \
+	-test.count=1 -test.timeout=20m -test.run='^TestSoak$' -test.v) || status=1
+
 # Independent MCP clients against the user's server, as `make test` runs them
 # for root: the inspector over stdio (it starts `safe-run serve` itself, as a
 # desktop client does) and over HTTP, and the conformance suite. The npm tools
