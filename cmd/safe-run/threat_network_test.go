@@ -907,8 +907,12 @@ func netHelpers(stateDir string) []int {
 // Protection: fail closed — the sandbox's only link ends in the helper.
 func TestThreatNetworkHelperKilled(t *testing.T) {
 	n := newNetHarness(t)
+	// The helper is killed once the server sees "got-first", which the
+	// program sends only after the answer to "first" reached it: killed at
+	// "first" itself, the answer could still be on its way back.
 	code := netPrelude + fmt.Sprintf(`
 raw("first", %[1]q, %[2]d, "/{{TOKEN}}/first")
+raw("mark", %[1]q, %[2]d, "/{{TOKEN}}/got-first")
 last, i, end = None, 0, time.time() + 8
 while time.time() < end:
     time.sleep(0.25); i += 1
@@ -931,7 +935,7 @@ out("last", last)
 			go func() { done <- n.run(t, via, "python", n.expand(code, token), n.s.entries()) }()
 			var killed time.Time
 			for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline) && killed.IsZero(); time.Sleep(20 * time.Millisecond) {
-				if len(n.s.sawToken(token+"/first")) == 0 {
+				if len(n.s.sawToken(token+"/got-first")) == 0 {
 					continue
 				}
 				pids := netHelpers(stateDir)
@@ -946,7 +950,7 @@ out("last", last)
 			r := <-done
 			t.Logf("stdout:\n%s", r.stdout)
 			if killed.IsZero() {
-				t.Fatalf("the run's first request never arrived: %s %s", r.stdout, r.stderr)
+				t.Fatalf("the run's first answer never arrived: %s %s", r.stdout, r.stderr)
 			}
 			if r.status != "ok" || r.exitCode != 0 {
 				t.Errorf("status %s exit %d, want the program's own ok/0: %s", r.status, r.exitCode, r.message)
