@@ -311,7 +311,7 @@ func (p *sandboxProc) setUpNetwork(rootfs string, allow []string, limits egress.
 		return nil, fmt.Errorf("the image has no %s to point the sandbox's resolver at the host (%v); add the file to the image", bundle.ResolvConfPath, err)
 	}
 	bn := &bundle.Network{ResolvConf: filepath.Join(p.dir, "resolv.conf")}
-	if err := os.WriteFile(bn.ResolvConf, []byte(resolvConf), 0o644); err != nil {
+	if err := writeSandboxFile(bn.ResolvConf, []byte(resolvConf)); err != nil {
 		return nil, fmt.Errorf("write resolv.conf: %w", err)
 	}
 	if bn.CABundle, err = p.caBundle(rootfs); err != nil {
@@ -353,8 +353,19 @@ func (p *sandboxProc) caBundle(rootfs string) (string, error) {
 		image = append(append(image, '\n'), more...)
 	}
 	path := filepath.Join(p.dir, "ca-certificates.crt")
-	if err := os.WriteFile(path, image, 0o644); err != nil {
+	if err := writeSandboxFile(path, image); err != nil {
 		return "", fmt.Errorf("write CA bundle: %w", err)
 	}
 	return path, nil
+}
+
+// writeSandboxFile writes a file the sandbox's programs read through a
+// bind mount: readable by all, whatever the umask (the service's 0077 made
+// resolv.conf unreadable to the sandbox's user, whose resolver then asked
+// 127.0.0.1).
+func writeSandboxFile(path string, data []byte) error {
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		return err
+	}
+	return os.Chmod(path, 0o644)
 }

@@ -32,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"strings"
 	"sync"
 	"unsafe"
 
@@ -354,7 +355,10 @@ func NetworkCheck(cfg Config) (link string, err error) {
 	defer os.RemoveAll(dir)
 	n, err := createNet(dir, link)
 	if err != nil {
-		return link, fmt.Errorf("%w; %s", err, networkFix(link, err))
+		if fix := networkFix(link, err); !strings.Contains(err.Error(), fix) {
+			err = fmt.Errorf("%w; %s", err, fix)
+		}
+		return link, err
 	}
 	n.remove()
 	return link, nil

@@ -208,6 +208,16 @@ func TestNetworkCheck(t *testing.T) {
 	if _, err := NetworkCheck(Config{NetHelper: "/nonexistent/safe-run-net"}); err == nil || !strings.Contains(err.Error(), "safe-run-net") {
 		t.Errorf("NetworkCheck without the helper: %v, want an error naming it", err)
 	}
+	// Where this user cannot open /dev/net/tun, asking for a TAP names the
+	// fix, once.
+	if f, err := openTun(); err == nil {
+		f.Close()
+	} else {
+		_, err := NetworkCheck(Config{NetHelper: helper, NetLink: LinkTap})
+		if err == nil || strings.Count(err.Error(), networkFix(LinkTap, os.ErrPermission)) != 1 {
+			t.Errorf("NetworkCheck of a TAP this user cannot open: %v, want the fix named once", err)
+		}
+	}
 }
 
 // TestNetworkEndings ends networked runs every way a run ends; the
@@ -754,3 +764,29 @@ func threadIDs(t *testing.T) []string {
 	}
 	return ids
 }
+
+// TestNetworkUmask runs TestNetworkReachesPinnedServer under the umask of
+// the service's unit (0077): the files bound into the sandbox must still be
+// readable by its user, or its resolver asks 127.0.0.1 and no name resolves.
+func TestNetworkUmask(t *testing.T) {
+	if os.Getenv("SAFE_RUN_INTEGRATION") != "1" {
+		t.Skip("integration test (SAFE_RUN_INTEGRATION=1)")
+	}
+	if os.Getenv(umaskEnv) == "1" {
+		t.Skip("already under umask 0077")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("sh", "-c", `umask 0077 && exec "$0" "$@"`, exe, "-test.run=^TestNetworkReachesPinnedServer$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), umaskEnv+"=1")
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetworkReachesPinnedServer") {
+		t.Fatalf("TestNetworkReachesPinnedServer under umask 0077: %v", err)
+	}
+}
+
+// umaskEnv marks the child of TestNetworkUmask.
+const umaskEnv = "SAFE_RUN_TEST_UMASK"
