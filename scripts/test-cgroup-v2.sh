@@ -19,11 +19,9 @@
 # takes 2¾ minutes here on an idle host, up to 6½ on a busy one (2 CPUs), bounded by
 # TEST_CGROUP_V2_TIMEOUT (default 30m).
 #
-# Needs qemu-system-x86_64 (Debian package qemu-system-x86, installed if
-# missing) and a Debian
-# kernel package: SAFE_RUN_VM_KERNEL_DEB names a .deb of linux-image-*-amd64,
-# otherwise apt-get downloads the one linux-image-amd64 depends on, once,
-# into the image cache's vm-kernel/.
+# The VM's host half is scripts/vm.sh (QEMU, installed if missing, and a
+# Debian kernel: SAFE_RUN_VM_KERNEL_DEB, or the one kept in the image
+# cache's vm-kernel/).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 USER_ID=65534
@@ -180,12 +178,11 @@ if [[ $(id -u) != 0 ]]; then
 	echo "test-cgroup-v2: run as root: it boots a VM and switches to uid $USER_ID in it" >&2
 	exit 1
 fi
-if ! command -v qemu-system-x86_64 >/dev/null; then
-	echo "[deps] apt-get install qemu-system-x86" >&2
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
-fi
+VM_NAME=test-cgroup-v2
 GO=${GO:-go}
+# shellcheck source=scripts/vm.sh
+. scripts/vm.sh
+vm_need_qemu
 for f in bin/safe-run bin/safe-run-agent bin/runsc; do
 	[[ -x $f ]] || {
 		echo "test-cgroup-v2: $f is missing; run make build runsc rootfs first" >&2
@@ -199,12 +196,8 @@ work=$(mktemp -d /tmp/safe-run-cgroup-v2.XXXXXX)
 # What the VM runs, where it can see it and uid 65534 can read it: the VM
 # mounts fresh /tmp and /run, and the checkout may be in a private home.
 stage=$(mktemp -d /var/tmp/safe-run-cgroup-v2.XXXXXX)
-qemu=""
 cleanup() {
-	if [[ -n $qemu ]]; then
-		kill "$qemu" 2>/dev/null || true
-	fi
-	wait # for the VM and the console's display, which ends with it
+	vm_stop
 	rm -rf "$work" "$stage"
 }
 trap cleanup EXIT
@@ -214,50 +207,13 @@ mkdir "$stage/bin" "$stage/scripts"
 cp bin/safe-run bin/safe-run-agent bin/runsc "$stage/bin/"
 cp scripts/test-cgroup-v2.sh "$stage/scripts/"
 
-deb=${SAFE_RUN_VM_KERNEL_DEB:-}
-if [[ -z $deb ]]; then
-	pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-	[[ -n $pkg ]] || {
-		echo "test-cgroup-v2: no Debian kernel package found; name one with SAFE_RUN_VM_KERNEL_DEB" >&2
-		exit 1
-	}
-	# Kept beside the images, so that later runs download nothing.
-	debs=$cache/vm-kernel
-	if ! compgen -G "$debs/${pkg}_*.deb" >/dev/null; then
-		mkdir -p "$debs"
-		(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1) &&
-			mv "$work/${pkg}"_*.deb "$debs/"
-	fi
-	deb=$(echo "$debs/${pkg}"_*.deb)
-fi
-mkdir "$work/k"
-dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards './boot/vmlinuz-*' \
-	'*/kernel/drivers/virtio/virtio*.ko' '*/kernel/fs/netfs/*.ko' '*/kernel/fs/fscache/*.ko' \
-	'*/kernel/net/9p/*.ko' '*/kernel/fs/9p/*.ko'
-kernel=$(echo "$work"/k/boot/vmlinuz-*)
-"$GO" build -o "$work/vminit" ./scripts/vminit
-# The 9p file system over virtio-pci, and what it needs.
-mapfile -t modules < <(find "$work/k" \( -name virtio.ko -o -name virtio_ring.ko -o -name 'virtio_pci*.ko' \
-	-o -name netfs.ko -o -name fscache.ko -o -name 9pnet.ko -o -name 9pnet_virtio.ko -o -name 9p.ko \))
-"$work/vminit" -pack "$work/initrd.gz" "${modules[@]}"
-echo "== booting $(basename "$kernel") in QEMU (emulated CPU; slow)"
-
+vm_kernel "$work" "$cache"
+echo "== booting $(basename "$VM_KERNEL") in QEMU (emulated CPU; slow)"
 timeout="${TEST_CGROUP_V2_TIMEOUT:-30m}"
-timeout --kill-after=10s "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 4G \
-	-nographic -no-reboot -nic none -kernel "$kernel" -initrd "$work/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet -- /bin/bash $stage/scripts/test-cgroup-v2.sh --in-vm $cache" \
-	-virtfs "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap" \
-	</dev/null >"$work/console.log" 2>&1 &
-qemu=$!
-# In the background, so that a signal is handled at once, not after the VM.
-tail -f --pid="$qemu" "$work/console.log" | grep --line-buffered -av '^\[ *[0-9]' | tr -d '\033' &
-status=0
-wait "$qemu" || status=$?
-qemu=""
-wait
+vm_boot "$work" "$timeout" "console=ttyS0 panic=-1 quiet -- /bin/bash $stage/scripts/test-cgroup-v2.sh --in-vm $cache"
 echo "== $(($(date +%s) - start)) s in all"
 if ! grep -q "^$PASS_LINE" "$work/console.log"; then
-	[[ $status == 124 ]] && echo "test-cgroup-v2: the VM did not finish within $timeout" >&2
+	[[ $VM_STATUS == 124 ]] && echo "test-cgroup-v2: the VM did not finish within $timeout" >&2
 	echo "test-cgroup-v2: FAILED" >&2
 	exit 1
 fi

@@ -13,8 +13,8 @@
 # service-test.target. Its one service, as root: scripts/install-service.sh
 # install (the steps of `make install-service`), then the checks of issue 19
 # through the real unit, then uninstall; then it powers the VM off.
-# The kernel .deb is the one test-cgroup-v2 keeps in the image cache's
-# vm-kernel/. Bounded by TEST_SERVICE_TIMEOUT (default 40m).
+# The VM's host half is scripts/vm.sh, shared with test-cgroup-v2. Bounded
+# by TEST_SERVICE_TIMEOUT (default 40m).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PASS_LINE="test-service: all checks passed"
@@ -80,29 +80,51 @@ UNIT
 # ---- the checks, as root, in a service of the VM's systemd ----
 
 # probe_off: with TEST_SERVICE_PROBE=1, each hardening option the unit
-# leaves off is tried alone on a Python run as the service user (7 runs,
-# some 20 minutes under emulation, so not in CI).
+# leaves off is tried alone on a Python run as the service user (5 runs, 2
+# doctors, some 5 minutes under emulation, so not in CI).
 probe_off() {
 	local out off
 	echo "== the hardening options the unit leaves off: each breaks a run (a transient service as safe-run with it)"
-	# probe SETTING...: a Python run as the service user, delegated, with SETTING.
+	# probe CMD SETTING...: safe-run CMD (run: a Python run; doctor) as the
+	# service user, delegated, with SETTING, as a oneshot service
+	# (systemd-run --wait would need D-Bus, which the VM does not start).
 	probe() {
-		local p=() s
-		for s in "$@"; do p+=(-p "$s"); done
-		timeout 10m systemd-run --wait --pipe --collect --quiet --service-type=exec -p User=safe-run -p Delegate=yes \
-			-p RuntimeDirectory=safe-run-probe -p RuntimeDirectoryMode=0700 -p CacheDirectory=safe-run-service -p StateDirectory=safe-run \
-			-p "Environment=HOME=/var/lib/safe-run XDG_CACHE_HOME=/var/cache/safe-run-service" "${p[@]}" \
-			/usr/local/bin/safe-run run --state-dir /run/safe-run-probe --lang python -c 'print(6*7)' 2>&1 | tail -n 3
+		local s cmd=$1 unit=safe-run-probe-$RANDOM.service
+		shift
+		case $cmd in
+		run) cmd="run --state-dir /run/safe-run-probe --lang python -c 'print(6*7)'" ;;
+		doctor) cmd="doctor --state-dir /run/safe-run-probe" ;;
+		esac
+		{
+			printf '%s\n' "[Service]" Type=oneshot User=safe-run Delegate=yes RuntimeDirectory=safe-run-probe \
+				RuntimeDirectoryMode=0700 CacheDirectory=safe-run-service StateDirectory=safe-run \
+				"Environment=HOME=/var/lib/safe-run XDG_CACHE_HOME=/var/cache/safe-run-service" \
+				StandardOutput=append:/run/$unit.out StandardError=append:/run/$unit.out
+			for s in "$@"; do printf '%s\n' "$s"; done
+			printf '%s\n' "ExecStart=/usr/local/bin/safe-run $cmd"
+		} >/run/systemd/system/$unit
+		systemctl daemon-reload
+		timeout 10m systemctl start "$unit" 2>/dev/null || true
+		cat "/run/$unit.out" 2>/dev/null
+		rm -f "/run/systemd/system/$unit" "/run/$unit.out"
+		systemctl reset-failed "$unit" 2>/dev/null || true
 	}
-	out=$(probe) || true
+	out=$(probe run) || true
 	grep -qx 42 <<<"$out" || fail "probe: the control run without extra settings failed: $out"
-	for off in RestrictNamespaces=yes PrivateUsers=yes ProtectControlGroups=yes MemoryDenyWriteExecute=yes \
-		SystemCallFilter=@system-service CapabilityBoundingSet=; do
-		out=$(probe "$off") || true
-		if grep -qx 42 <<<"$out"; then
-			fail "probe: a run works with $off, which the unit leaves off as breaking runs"
-		else
+	out=$(probe doctor) || true
+	grep -Eq '^PASS +cgroups' <<<"$out" || fail "probe: the control doctor found no delegated cgroup: $out"
+	# A run that works may still have lost its cgroup limits: doctor says.
+	for off in RestrictNamespaces=yes ProtectControlGroups=yes MemoryDenyWriteExecute=yes SystemCallFilter=@system-service; do
+		out=$(probe run "$off") || true
+		if ! grep -qx 42 <<<"$out"; then
 			echo "$off breaks a run: $(tail -n 1 <<<"$out")"
+			continue
+		fi
+		out=$(probe doctor "$off") || true
+		if grep -Eq '^PASS +cgroups' <<<"$out"; then
+			fail "probe: a run works with $off, which the unit leaves off as breaking runs or their limits"
+		else
+			echo "$off breaks the runs' limits: $(grep -E '^[A-Z]+ +cgroups' <<<"$out" | head -n 1)"
 		fi
 	done
 }
@@ -134,7 +156,8 @@ in_vm() {
   "pids": 32,
   "cpus": 0.5,
   "timeout": "10m",
-  "pool": ""
+  "pool": "",
+  "allow-net": ["probe.test=127.0.0.1:8099"]
 }
 JSON
 	echo "== install (scripts/install-service.sh install: the steps of make install-service)"
@@ -172,6 +195,22 @@ JSON
 	grep -q certificate <<<"$out" || fail "a client not trusting the CA was not refused: $out"
 	out=$(NODE_PATH=$node_modules NODE_EXTRA_CA_CERTS=$ca timeout 5m node scripts/mcp-run.mjs "$url" "" 'print(1)' 2>&1) || true
 	grep -q unauthorized <<<"$out" || fail "a client without the token was not refused: $out"
+
+	echo "== a run with a network (allow-net in the config) reaches a server on the VM's loopback through its pin, under every hardening option"
+	python3 -m http.server 8099 --bind 127.0.0.1 --directory /etc/safe-run/tls >/dev/null 2>&1 &
+	local web=$!
+	out=$(MCP_RUN_ARGS='{"network": ["probe.test"]}' mcp 'import urllib.request; print("fetched", urllib.request.urlopen("http://probe.test:8099/ca.pem", timeout=60).status)' 2>&1) || true
+	echo "$out"
+	grep -qx "fetched 200" <<<"$out" || fail "a networked run through the service did not reach its pinned server: $out"
+	out=$(mcp 'import socket
+try:
+    socket.create_connection(("probe.test", 8099), timeout=10)
+    print("reached")
+except OSError as e:
+    print("no network:", type(e).__name__)' 2>&1) || true
+	echo "$out"
+	grep -q "^no network" <<<"$out" || fail "a run that did not ask for the network reached the server: $out"
+	kill "$web" 2>/dev/null || true
 
 
 	# measured NAME CODE: runs CODE through MCP while watching its run's
@@ -332,11 +371,11 @@ if [[ $(id -u) != 0 ]]; then
 	echo "test-service: run as root: it boots a VM that installs a system service" >&2
 	exit 1
 fi
-if ! command -v qemu-system-x86_64 >/dev/null; then
-	echo "[deps] apt-get install qemu-system-x86" >&2
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends qemu-system-x86 >/dev/null
-fi
+VM_NAME=test-service
+GO=${GO:-go}
+# shellcheck source=scripts/vm.sh
+. scripts/vm.sh
+vm_need_qemu
 for f in bin/safe-run bin/safe-run-agent bin/runsc; do
 	[[ -x $f ]] || {
 		echo "test-service: $f is missing; run make build runsc rootfs first" >&2
@@ -351,63 +390,23 @@ if [[ ! -e /var/cache/safe-run/npm-tools/node_modules/@modelcontextprotocol/sdk/
 fi
 echo "== the unit, offline: systemd-analyze verify and exposure"
 "$0" --verify
-GO=${GO:-go}
 cache=$(bin/safe-run image dir)
 start=$(date +%s)
 work=$(mktemp -d /tmp/safe-run-service.XXXXXX)
-qemu=""
 cleanup() {
-	if [[ -n $qemu ]]; then
-		kill "$qemu" 2>/dev/null || true
-	fi
-	wait
+	vm_stop
 	rm -rf "$work"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 
-deb=${SAFE_RUN_VM_KERNEL_DEB:-}
-if [[ -z $deb ]]; then
-	pkg=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-	[[ -n $pkg ]] || {
-		echo "test-service: no Debian kernel package found; name one with SAFE_RUN_VM_KERNEL_DEB" >&2
-		exit 1
-	}
-	debs=$cache/vm-kernel
-	if ! compgen -G "$debs/${pkg}_*.deb" >/dev/null; then
-		mkdir -p "$debs"
-		(cd "$work" && apt-get download -q "$pkg" >/dev/null 2>&1) &&
-			mv "$work/${pkg}"_*.deb "$debs/"
-	fi
-	deb=$(echo "$debs/${pkg}"_*.deb)
-fi
-mkdir "$work/k"
-dpkg-deb --fsys-tarfile "$deb" | tar -x -C "$work/k" --wildcards './boot/vmlinuz-*' \
-	'*/kernel/drivers/virtio/virtio*.ko' '*/kernel/fs/netfs/*.ko' '*/kernel/fs/fscache/*.ko' \
-	'*/kernel/net/9p/*.ko' '*/kernel/fs/9p/*.ko' '*/kernel/fs/overlayfs/*.ko' \
-	'*/kernel/drivers/net/veth.ko' '*/kernel/drivers/net/tun.ko'
-kernel=$(echo "$work"/k/boot/vmlinuz-*)
-"$GO" build -o "$work/vminit" ./scripts/vminit
-mapfile -t modules < <(find "$work/k" \( -name virtio.ko -o -name virtio_ring.ko -o -name 'virtio_pci*.ko' \
-	-o -name netfs.ko -o -name fscache.ko -o -name 9pnet.ko -o -name 9pnet_virtio.ko -o -name 9p.ko -o -name overlay.ko \
-	-o -name veth.ko -o -name tun.ko \))
-"$work/vminit" -pack "$work/initrd.gz" "${modules[@]}"
-echo "== booting $(basename "$kernel") in QEMU with systemd as process 1 (emulated CPU; slow)"
+vm_kernel "$work" "$cache" fs/overlayfs/overlay.ko drivers/net/veth.ko drivers/net/tun.ko
+echo "== booting $(basename "$VM_KERNEL") in QEMU with systemd as process 1 (emulated CPU; slow)"
 timeout="${TEST_SERVICE_TIMEOUT:-40m}"
-timeout --kill-after=10s "$timeout" qemu-system-x86_64 -accel tcg -cpu max -smp 2 -m 4G \
-	-nographic -no-reboot -nic none -kernel "$kernel" -initrd "$work/initrd.gz" \
-	-append "console=ttyS0 panic=-1 quiet systemd.show_status=0 -- /bin/bash $PWD/scripts/test-service.sh --boot $PWD ${TEST_SERVICE_PROBE:-0}" \
-	-virtfs "local,path=/,mount_tag=host,security_model=passthrough,readonly=on,multidevs=remap" \
-	</dev/null >"$work/console.log" 2>&1 &
-qemu=$!
-tail -f --pid="$qemu" "$work/console.log" | grep --line-buffered -av -e '^\[ *[0-9]' -e 'Job .* running' &
-status=0
-wait "$qemu" || status=$?
-qemu=""
-wait
+vm_boot "$work" "$timeout" "console=ttyS0 panic=-1 quiet systemd.show_status=0 -- /bin/bash $PWD/scripts/test-service.sh --boot $PWD ${TEST_SERVICE_PROBE:-0}"
 echo "== $(($(date +%s) - start)) s in all"
 if ! grep -q "$PASS_LINE" "$work/console.log"; then
-	[[ $status == 124 ]] && echo "test-service: the VM did not finish within $timeout" >&2
+	[[ $VM_STATUS == 124 ]] && echo "test-service: the VM did not finish within $timeout" >&2
 	echo "test-service: FAILED" >&2
 	exit 1
 fi

@@ -266,6 +266,12 @@ func userNamespaceFix(h hostSigns, err error) string {
 	case refused && h.seccompFiltered():
 		cause := "a seccomp filter on safe-run (Seccomp: 2 in /proc/self/status) refused it with " + unix.ErrnoName(errno) + ": "
 		allow := "a profile that allows unshare, clone and clone3 with CLONE_NEWUSER, and mount"
+		if h.getenv("INVOCATION_ID") != "" {
+			// systemd sets INVOCATION_ID in every service it starts: its
+			// unit's filter comes before any container sign.
+			return cause + "safe-run runs as a systemd service, whose unit sets RestrictNamespaces= or a SystemCallFilter= that denies them; " +
+				"set RestrictNamespaces=no and drop that SystemCallFilter= in the unit (deploy/systemd/safe-run.service has the settings that work)"
+		}
 		if sign != "" {
 			return cause + "safe-run appears to run in a container (" + sign + "), whose seccomp profile does this; run safe-run on the host, or start the container with " + allow +
 				" (docker run or podman run --security-opt seccomp=unconfined, and --security-opt apparmor=unconfined where AppArmor confines containers)"

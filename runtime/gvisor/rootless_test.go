@@ -99,6 +99,8 @@ func TestUserNamespaceFix(t *testing.T) {
 			nil, created(unix.EPERM), "a container's seccomp profile, or the filter of the service that started safe-run"},
 		{"seccomp filter refusing mount", map[string]string{maxNS: "15000", status: filtered},
 			nil, used(unix.EPERM), "Seccomp: 2 in /proc/self/status) refused it with EPERM"},
+		{"a systemd service's filter, even with a container sign", map[string]string{maxNS: "15000", status: filtered, ".dockerenv": ""},
+			map[string]string{"INVOCATION_ID": "5b1c"}, created(unix.EPERM), "runs as a systemd service, whose unit sets RestrictNamespaces="},
 		{"Docker's clone3 answer", map[string]string{maxNS: "15000", status: filtered, ".dockerenv": ""},
 			nil, created(unix.ENOSYS), "refused it with ENOSYS: safe-run appears to run in a container (/.dockerenv), whose seccomp profile"},
 		{"Podman's container file", map[string]string{maxNS: "15000", status: filtered, "run/.containerenv": ""},
