@@ -671,32 +671,53 @@ func allowNet(t *testing.T, cfg *testConfig, entries ...string) {
 // IPv6 cannot be switched off through sysctl there, so the link must still
 // come up without an IPv6 address.
 func TestNetworkReadOnlyProcSys(t *testing.T) {
-	if os.Getenv("SAFE_RUN_INTEGRATION") != "1" {
-		t.Skip("integration test (SAFE_RUN_INTEGRATION=1)")
-	}
-	if os.Getenv(readOnlyProcSysEnv) == "1" {
-		t.Skip("already inside the read-only /proc/sys")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ns := []string{"--mount"}
 	if os.Geteuid() != 0 {
 		ns = []string{"--user", "--map-root-user", "--mount"}
 	}
 	script := `mount -o bind,ro /proc/sys /proc/sys && ! echo 1 2>/dev/null >/proc/sys/net/ipv6/conf/all/disable_ipv6 && exec "$0" "$@"`
-	cmd := exec.Command("unshare", append(ns, "sh", "-c", script, exe, "-test.run=^TestNetworkedSandbox$/^veth$", "-test.count=1", "-test.v")...)
-	cmd.Env = append(os.Environ(), readOnlyProcSysEnv+"=1")
+	rerunIn(t, append(append([]string{"unshare"}, ns...), "sh", "-c", script), "TestNetworkedSandbox/veth")
+}
+
+// TestNetworkUmask runs TestNetworkReachesPinnedServer under the umask of
+// the service's unit (0077): the files bound into the sandbox must still be
+// readable by its user, or its resolver asks 127.0.0.1 and no name resolves.
+func TestNetworkUmask(t *testing.T) {
+	rerunIn(t, []string{"sh", "-c", `umask 0077 && exec "$0" "$@"`}, "TestNetworkReachesPinnedServer")
+}
+
+// rerunIn runs the test named test ("Test/sub") of this binary again
+// through wrapper, a command that sets up a host's restriction and then
+// executes its arguments (the test binary's path, then its flags), and
+// fails unless it passes there.
+func rerunIn(t *testing.T, wrapper []string, test string) {
+	if os.Getenv("SAFE_RUN_INTEGRATION") != "1" {
+		t.Skip("integration test (SAFE_RUN_INTEGRATION=1)")
+	}
+	if os.Getenv(rerunEnv) != "" {
+		t.Skipf("already a rerun (%s)", os.Getenv(rerunEnv))
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, sub, _ := strings.Cut(test, "/")
+	run := "^" + name + "$"
+	if sub != "" {
+		run += "/^" + sub + "$"
+	}
+	args := append(slices.Clone(wrapper[1:]), exe, "-test.run="+run, "-test.count=1", "-test.v")
+	cmd := exec.Command(wrapper[0], args...)
+	cmd.Env = append(os.Environ(), rerunEnv+"="+t.Name())
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetworkedSandbox/veth") {
-		t.Fatalf("TestNetworkedSandbox/veth with /proc/sys read-only: %v", err)
+	if err != nil || !strings.Contains(string(out), "--- PASS: "+test) {
+		t.Fatalf("%s under %s: %v", test, t.Name(), err)
 	}
 }
 
-// readOnlyProcSysEnv marks the child of TestNetworkReadOnlyProcSys.
-const readOnlyProcSysEnv = "SAFE_RUN_TEST_READ_ONLY_PROC_SYS"
+// rerunEnv marks a test binary run by rerunIn, with the rerunning test's name.
+const rerunEnv = "SAFE_RUN_TEST_RERUN"
 
 // TestNetworkNamespaceThread checks that making a sandbox's network
 // namespace ends no OS thread and leaves none in that namespace: a
@@ -764,29 +785,3 @@ func threadIDs(t *testing.T) []string {
 	}
 	return ids
 }
-
-// TestNetworkUmask runs TestNetworkReachesPinnedServer under the umask of
-// the service's unit (0077): the files bound into the sandbox must still be
-// readable by its user, or its resolver asks 127.0.0.1 and no name resolves.
-func TestNetworkUmask(t *testing.T) {
-	if os.Getenv("SAFE_RUN_INTEGRATION") != "1" {
-		t.Skip("integration test (SAFE_RUN_INTEGRATION=1)")
-	}
-	if os.Getenv(umaskEnv) == "1" {
-		t.Skip("already under umask 0077")
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("sh", "-c", `umask 0077 && exec "$0" "$@"`, exe, "-test.run=^TestNetworkReachesPinnedServer$", "-test.count=1", "-test.v")
-	cmd.Env = append(os.Environ(), umaskEnv+"=1")
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil || !strings.Contains(string(out), "--- PASS: TestNetworkReachesPinnedServer") {
-		t.Fatalf("TestNetworkReachesPinnedServer under umask 0077: %v", err)
-	}
-}
-
-// umaskEnv marks the child of TestNetworkUmask.
-const umaskEnv = "SAFE_RUN_TEST_UMASK"
