@@ -7,9 +7,10 @@ import (
 )
 
 // FuzzParse checks that Parse never panics, that Update with every block's
-// own expected text is the identity (for a regex block, when its expressions
-// match that text: "$" does not, and Update must then rewrite it), and that Update with any output gives
-// a document that parses to the same blocks, the updated one matching it.
+// own expected text is the identity (for a regex block, when its
+// expressions match that text: "$" does not, and Update must then rewrite
+// it), and that Update with any output gives a document that parses to the
+// same blocks, the updated one matching it.
 func FuzzParse(f *testing.F) {
 	f.Add([]byte("```python\nprint(1)\n```\n\n```output\n1\n```\n"), "2\n")
 	f.Add([]byte("~~~~bash session=a\r\n```\r\necho\r\n~~~~\r\n"), "```\r\n")

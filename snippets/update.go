@@ -28,7 +28,8 @@ type edit struct {
 // Update returns data with the expected-output blocks of blocks (as Parse
 // returned them for data) holding outputs' texts. An expected block whose
 // text already matches (Match, in its own mode) or, in a literal block, is
-// the same text is left as it is, ellipses and all; a regex block gets each new line quoted as a literal expression.
+// the same text is left as it is, ellipses and all; a regex block gets each
+// new line quoted as a literal expression.
 // With all, a block without an expected block gets a new "output" block
 // right after it (only for output that is not empty). A document nothing
 // changes in comes back byte for byte; a CRLF document keeps CRLF in what

@@ -32,7 +32,6 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
-	"strings"
 	"sync"
 	"unsafe"
 
@@ -91,7 +90,8 @@ func chooseLink(want string) (string, error) {
 }
 
 // createNet creates the network namespace of a sandbox with its run
-// directory dir and a link of kind. On error nothing is left behind.
+// directory dir and a link of kind. On error nothing is left behind, and
+// the error says what to fix.
 func createNet(dir, kind string) (*sandboxNet, error) {
 	n := &sandboxNet{kind: kind, nsPath: filepath.Join(dir, netnsFile), mtu: linkMTU}
 	if err := os.WriteFile(n.nsPath, nil, 0o600); err != nil {
@@ -99,7 +99,7 @@ func createNet(dir, kind string) (*sandboxNet, error) {
 	}
 	if err := onNamespaceThread(n.setUp); err != nil {
 		n.remove()
-		return nil, err
+		return nil, fmt.Errorf("%w; %s", err, networkFix(kind, err))
 	}
 	return n, nil
 }
@@ -225,7 +225,7 @@ func (n *sandboxNet) setUp() error {
 func (n *sandboxNet) tap() (netlink.Link, error) {
 	f, err := openTun()
 	if err != nil {
-		return nil, fmt.Errorf("%w; %s", err, networkFix(LinkTap, err))
+		return nil, err
 	}
 	var req [unix.IFNAMSIZ + 64]byte
 	copy(req[:], linkName)
@@ -355,9 +355,6 @@ func NetworkCheck(cfg Config) (link string, err error) {
 	defer os.RemoveAll(dir)
 	n, err := createNet(dir, link)
 	if err != nil {
-		if fix := networkFix(link, err); !strings.Contains(err.Error(), fix) {
-			err = fmt.Errorf("%w; %s", err, fix)
-		}
 		return link, err
 	}
 	n.remove()

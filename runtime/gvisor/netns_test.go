@@ -731,29 +731,31 @@ func TestNetworkNamespaceThread(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := threadIDs(t)
-	var inodes []uint64
-	errc := make(chan error, 4)
-	inoc := make(chan uint64, 4)
+	type made struct {
+		inode uint64 // the namespace's, while it existed
+		err   error
+	}
+	results := make(chan made, 4)
 	for range 4 {
 		go func() {
-			dir := t.TempDir()
-			n, err := createNet(dir, kind)
+			n, err := createNet(t.TempDir(), kind)
 			if err != nil {
-				errc <- err
+				results <- made{err: err}
 				return
 			}
 			var st unix.Stat_t
 			err = unix.Stat(n.nsPath, &st)
-			inoc <- st.Ino
 			n.remove()
-			errc <- err
+			results <- made{st.Ino, err}
 		}()
 	}
+	var inodes []uint64
 	for range 4 {
-		if err := <-errc; err != nil {
-			t.Fatalf("createNet: %v", err)
+		m := <-results
+		if m.err != nil {
+			t.Fatalf("createNet: %v", m.err)
 		}
-		inodes = append(inodes, <-inoc)
+		inodes = append(inodes, m.inode)
 	}
 	after := threadIDs(t)
 	for _, tid := range before {
