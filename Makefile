@@ -12,7 +12,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
 	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-check fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-quick bench-check fuzz clean
 
 # Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
 # looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
@@ -92,9 +92,16 @@ test: deps build runsc rootfs vet
 	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
 
 # Side-by-side latency and throughput of each layer (chroot, runsc, the CLI,
-# MCP with the pool off and on); rewrites the README's benchmark table.
+# MCP with the pool off and on), the warm pool spaced and back to back, CPU
+# and memory per sandbox, issue 17's targets; rewrites the README's
+# benchmark tables. About a quarter of an hour on 2 CPUs.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
+
+# The same in a few minutes, with fewer runs per row and no network rows;
+# written to scripts/bench/results/quick.{md,json}, the README untouched.
+bench-quick: deps build runsc rootfs
+	$(GO) run ./scripts/bench -quick -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # 100 print(i) blocks: `safe-run check -j 2` against 100 `safe-run run` calls,
 # in one run; rewrites the README's bench-check table.
