@@ -94,7 +94,7 @@ test: deps build runsc rootfs vet
 # Side-by-side latency and throughput of each layer (chroot, runsc, the CLI,
 # MCP with the pool off and on), the warm pool spaced and back to back, CPU
 # and memory per sandbox, issue 17's targets; rewrites the README's
-# benchmark tables. About a quarter of an hour on 2 CPUs.
+# benchmark tables. About 14 minutes on 2 busy CPUs.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 

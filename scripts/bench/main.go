@@ -8,8 +8,8 @@
 // per target of issue 17 (met or not met), writes them and the raw figures
 // as JSON, and can put the tables into the README.
 //
-// Run it as root through `make bench` (full, about a quarter of an hour
-// here) or `make bench-quick` (a few minutes; written to quick.{md,json},
+// Run it as root through `make bench` (full: about 14 minutes on 2 busy
+// CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
 // README untouched), after `make build runsc rootfs`.
 package main
 
