@@ -35,7 +35,7 @@ bin/safe-run-net: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/safe-run-net
 
 runsc: bin/runsc
-bin/runsc: scripts/runsc/go.mod scripts/runsc/go.sum scripts/build-runsc.sh
+bin/runsc: scripts/runsc/go.mod scripts/runsc/go.sum scripts/runsc/precompile/main.go scripts/build-runsc.sh
 	scripts/build-runsc.sh $@
 
 deps:
