@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -96,7 +97,7 @@ func TestRunscCommandStartsInsideTheCgroup(t *testing.T) {
 // of mode: each needed v1 controller's, or the cgroup v2 one (on a hybrid
 // host, in its controller-less cgroup2). It skips the test if there are
 // none.
-func testCgroupParents(t *testing.T, mode string) map[string]string {
+func testCgroupParents(t testing.TB, mode string) map[string]string {
 	t.Helper()
 	switch mode {
 	case "v1":
@@ -191,6 +192,70 @@ func TestShimFor(t *testing.T) {
 			want := map[string]string{"shim": shim, "self": exe}[tc.want]
 			if got := shimFor(link); got != want {
 				t.Errorf("shimFor(%s) = %s, want %s", link, got, want)
+			}
+		})
+	}
+}
+
+// BenchmarkRunscCommand times starting a stand-in for runsc (true) inside a
+// new cgroup until it exits, each way runscCommand can (with safe-run-shim,
+// built here), and the way the shim joined cgroup v1 before it used tasks
+// files (cgroup.procs, whose first
+// write waits for an RCU grace period). Runs are spaced out as cold runs
+// are, so that each pays that wait afresh. It needs root.
+func BenchmarkRunscCommand(b *testing.B) {
+	if !HostRoot() {
+		b.Skip("creating cgroups needs root")
+	}
+	// The shim as it is installed: a program of its own.
+	shim := filepath.Join(b.TempDir(), ShimName)
+	if out, err := exec.Command("go", "build", "-o", shim, "../../cmd/safe-run-shim").CombinedOutput(); err != nil {
+		b.Skipf("build %s: %v: %s", ShimName, err, out)
+	}
+	for _, bc := range []struct {
+		name  string
+		mode  string
+		clone bool
+		procs bool // join v1 by cgroup.procs, as before
+	}{
+		{"v1 shim by tasks", "v1", false, false},
+		{"v1 shim by cgroup.procs", "v1", false, true},
+		{"v2 clone into cgroup", "v2", true, false},
+		{"v2 shim by cgroup.procs", "v2", false, false},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			parents := testCgroupParents(b, bc.mode)
+			cg := &runCgroup{paths: map[string]string{}}
+			for c, parent := range parents {
+				dir := filepath.Join(parent, "safe-run-bench-"+strconv.Itoa(os.Getpid()))
+				if err := os.Mkdir(dir, 0o755); err != nil {
+					b.Skipf("cannot create a cgroup here: %v", err)
+				}
+				defer os.Remove(dir)
+				cg.paths[c] = dir
+			}
+			g := &Backend{cfg: Config{Runsc: "/bin/true", Shim: shim}, cgroups: CgroupLayout{Mode: bc.mode, Parents: parents}}
+			p := &sandboxProc{g: g, cg: cg}
+			for b.Loop() {
+				b.StopTimer()
+				time.Sleep(50 * time.Millisecond)
+				b.StartTimer()
+				cmd, dir, err := p.runscCommand(nil, bc.clone)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if bc.procs {
+					for i, a := range cmd.Args {
+						cmd.Args[i] = strings.Replace(a, "/tasks", "/cgroup.procs", 1)
+					}
+				}
+				err = cmd.Run()
+				if dir != nil {
+					dir.Close()
+				}
+				if err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}
