@@ -14,13 +14,14 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 
 .PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-quick bench-check fuzz clean
 
-# Where `make install` puts safe-run, the agent and runsc, side by side (safe-run
-# looks for the other two next to itself). PREFIX=$$HOME/.local needs no root.
+# Where `make install` puts safe-run, the agent, the network helper, the shim
+# and runsc, side by side (safe-run looks for the others next to itself).
+# PREFIX=$$HOME/.local needs no root.
 PREFIX ?= /usr/local
 
 all: build runsc
 
-build: bin/safe-run bin/safe-run-agent bin/safe-run-net
+build: bin/safe-run bin/safe-run-agent bin/safe-run-net bin/safe-run-shim
 
 bin/safe-run: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-X main.version=$(VERSION)" -o $@ ./cmd/safe-run
@@ -33,6 +34,12 @@ bin/safe-run-agent: $(GO_SOURCES)
 # the agent, and without cgo because its lockdown needs AllThreadsSyscall.
 bin/safe-run-net: $(GO_SOURCES)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/safe-run-net
+
+# The cgroup shim runsc starts through (one per sandbox, on the host): a
+# program of its own so that it starts in a millisecond, not after
+# safe-run's package initialisation. safe-run looks for it next to itself.
+bin/safe-run-shim: $(GO_SOURCES)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w" -o $@ ./cmd/safe-run-shim
 
 runsc: bin/runsc
 bin/runsc: scripts/runsc/go.mod scripts/runsc/go.sum scripts/runsc/precompile/main.go scripts/build-runsc.sh
@@ -59,7 +66,7 @@ demo: deps build runsc rootfs
 
 install: build runsc
 	install -d $(DESTDIR)$(PREFIX)/bin
-	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/runsc $(DESTDIR)$(PREFIX)/bin/
+	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/safe-run-shim bin/runsc $(DESTDIR)$(PREFIX)/bin/
 
 # safe-run as a hardened systemd service (deploy/systemd/safe-run.service,
 # docs/service.md), as root: binaries, the user safe-run, the unit, a config,

@@ -24,12 +24,12 @@ say() { echo "install-service: $*"; }
 command -v systemctl >/dev/null || { echo "install-service: systemctl not found; this installs a systemd service" >&2; exit 1; }
 
 install_service() {
-	for f in bin/safe-run bin/safe-run-agent bin/safe-run-net bin/runsc; do
+	for f in bin/safe-run bin/safe-run-agent bin/safe-run-net bin/safe-run-shim bin/runsc; do
 		[[ -x $f ]] || { echo "install-service: $f is missing; run make build runsc first" >&2; exit 1; }
 	done
 	say "binaries into $BIN"
 	install -d "$BIN"
-	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/runsc "$BIN/"
+	install -m 755 bin/safe-run bin/safe-run-agent bin/safe-run-net bin/safe-run-shim bin/runsc "$BIN/"
 	if ! id -u "$USER_NAME" >/dev/null 2>&1; then
 		say "system user $USER_NAME"
 		useradd --system --user-group --home-dir /var/lib/safe-run --no-create-home --shell /usr/sbin/nologin \
@@ -134,7 +134,7 @@ uninstall_service() {
 		systemctl reset-failed safe-run.service 2>/dev/null || true
 	fi
 	say "binaries from $BIN, $ETC, the service's cache, state and runtime directories"
-	rm -f "$BIN/safe-run" "$BIN/safe-run-agent" "$BIN/safe-run-net" "$BIN/runsc"
+	rm -f "$BIN/safe-run" "$BIN/safe-run-agent" "$BIN/safe-run-net" "$BIN/safe-run-shim" "$BIN/runsc"
 	rm -rf "$ETC" /var/cache/safe-run-service /var/lib/safe-run /run/safe-run
 	if [[ ${PURGE:-} == 1 ]]; then
 		say "PURGE=1: the audit log /var/log/safe-run too"

@@ -183,7 +183,7 @@ GO=${GO:-go}
 # shellcheck source=scripts/vm.sh
 . scripts/vm.sh
 vm_need_qemu
-for f in bin/safe-run bin/safe-run-agent bin/runsc; do
+for f in bin/safe-run bin/safe-run-agent bin/safe-run-shim bin/runsc; do
 	[[ -x $f ]] || {
 		echo "test-cgroup-v2: $f is missing; run make build runsc rootfs first" >&2
 		exit 1
@@ -204,7 +204,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM HUP
 chmod 755 "$stage"
 mkdir "$stage/bin" "$stage/scripts"
-cp bin/safe-run bin/safe-run-agent bin/runsc "$stage/bin/"
+cp bin/safe-run bin/safe-run-agent bin/safe-run-shim bin/runsc "$stage/bin/"
 cp scripts/test-cgroup-v2.sh "$stage/scripts/"
 
 vm_kernel "$work" "$cache"

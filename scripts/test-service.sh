@@ -335,7 +335,7 @@ print("spun 30 s")
 
 	echo "== uninstall: all but the audit log"
 	scripts/install-service.sh uninstall || fail "uninstall"
-	for f in /etc/systemd/system/safe-run.service /usr/local/bin/safe-run /etc/safe-run /var/cache/safe-run-service /var/lib/safe-run; do
+	for f in /etc/systemd/system/safe-run.service /usr/local/bin/safe-run /usr/local/bin/safe-run-shim /etc/safe-run /var/cache/safe-run-service /var/lib/safe-run; do
 		[[ ! -e $f ]] || fail "uninstall left $f"
 	done
 	[[ -s $audit ]] || fail "uninstall removed the audit log"
@@ -376,7 +376,7 @@ GO=${GO:-go}
 # shellcheck source=scripts/vm.sh
 . scripts/vm.sh
 vm_need_qemu
-for f in bin/safe-run bin/safe-run-agent bin/runsc; do
+for f in bin/safe-run bin/safe-run-agent bin/safe-run-shim bin/runsc; do
 	[[ -x $f ]] || {
 		echo "test-service: $f is missing; run make build runsc rootfs first" >&2
 		exit 1

@@ -218,20 +218,6 @@ func (c *runCgroup) open(layout CgroupLayout) error {
 	return err
 }
 
-// procsFiles are the cgroup.procs files a process writes "0" to in order to
-// join the cgroup in every hierarchy.
-func (c *runCgroup) procsFiles() []string {
-	var out []string
-	for _, dir := range c.paths {
-		p := filepath.Join(dir, "cgroup.procs")
-		if !slices.Contains(out, p) {
-			out = append(out, p)
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
 // usage reads how many OOM kills the cgroup saw and its peak memory.
 func (c *runCgroup) usage() (oomKills uint64, peak int64, err error) {
 	if c.mgr == nil {

@@ -52,7 +52,9 @@ type Config struct {
 	// Platform is runsc's platform; empty means DefaultPlatform.
 	Platform string
 	// Shim is the executable that runs ShimMain, used to start runsc inside
-	// the run's cgroup; empty means this executable.
+	// the run's cgroup where runsc cannot be cloned into it; empty means
+	// safe-run-shim next to this executable if it is there, else this
+	// executable.
 	Shim string
 	// CheckpointDir, if set, is where checkpoint images of warm sandboxes
 	// are kept, one per image, language, preload list, agent and runsc, for
@@ -137,6 +139,9 @@ type Backend struct {
 	live    sync.WaitGroup // sandboxes not yet destroyed
 	liveN   atomic.Int64   // how many
 	lagging sync.WaitGroup // cgroups whose removal is being retried
+	// noCloneIntoCgroup is set once the kernel refused CLONE_INTO_CGROUP:
+	// runsc then starts through the shim on cgroup v2 too.
+	noCloneIntoCgroup atomic.Bool
 }
 
 var (
@@ -155,11 +160,11 @@ func New(cfg Config) (*Backend, error) {
 		cfg.StateDir = DefaultStateDir()
 	}
 	if cfg.Shim == "" {
-		exe, err := os.Executable()
+		shim, err := defaultShim()
 		if err != nil {
-			return nil, fmt.Errorf("find own executable for the cgroup shim: %w", err)
+			return nil, err
 		}
-		cfg.Shim = exe
+		cfg.Shim = shim
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()

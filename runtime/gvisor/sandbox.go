@@ -167,11 +167,7 @@ func (p *sandboxProc) setUp(start engine.StartSpec) error {
 		closeFiles(stdinR, stdinW, stdoutR, stdoutW)
 		return err
 	}
-	p.cmd = exec.Command(g.cfg.Shim, p.shimArgs()...)
-	p.cmd.Stdin, p.cmd.Stdout, p.cmd.Stderr = stdinR, stdoutW, logFile
-	p.cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	err = p.cmd.Start()
+	err = p.startRunsc(stdinR, stdoutW, logFile)
 	closeFiles(stdinR, stdoutW, logFile)
 	if err != nil {
 		closeFiles(stdinW, stdoutR)
@@ -195,15 +191,40 @@ func (p *sandboxProc) setUp(start engine.StartSpec) error {
 	return nil
 }
 
-// shimArgs are the shim's arguments: the cgroup files to join, then the
-// runsc command line.
-func (p *sandboxProc) shimArgs() []string {
-	args := []string{ShimCommand}
-	args = append(args, p.cg.procsFiles()...)
-	args = append(args, "--", p.g.cfg.Runsc,
+// startRunsc starts runsc inside the run's cgroup (see runscCommand) with
+// the given standard files.
+func (p *sandboxProc) startRunsc(stdin, stdout, stderr *os.File) error {
+	for {
+		clone := !p.g.noCloneIntoCgroup.Load()
+		cmd, dir, err := p.runscCommand(p.runscArgs(), clone)
+		if err != nil {
+			return err
+		}
+		cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
+		cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		err = cmd.Start()
+		if dir != nil {
+			dir.Close()
+			if err != nil && clone && cloneIntoCgroupRefused(err) {
+				p.log.Info("the kernel refuses to clone into a cgroup; runsc starts through the cgroup shim", "err", err)
+				p.g.noCloneIntoCgroup.Store(true)
+				continue
+			}
+		}
+		if err == nil {
+			p.cmd = cmd
+		}
+		return err
+	}
+}
+
+// runscArgs are runsc's arguments for the sandbox: its global flags, then
+// run (or restore) of the bundle.
+func (p *sandboxProc) runscArgs() []string {
+	args := []string{
 		"--root", p.runscRoot(),
 		"--platform", p.g.cfg.Platform,
-	)
+	}
 	switch {
 	case p.netNS == nil:
 		args = append(args, "--network", "none") // the sandbox gets only a loopback interface
