@@ -69,12 +69,12 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 }
 
 type server struct {
-	cfg    Config
-	mu     sync.Mutex // serialises writes to w, and guards buf and hold
-	w      io.Writer
-	buf    bytes.Buffer  // encoded events not yet written
-	enc    *json.Encoder // encodes to buf
-	hold   bool          // keep Output events in buf until the Exit
+	cfg  Config
+	mu   sync.Mutex // serialises writes to w, and guards buf and hold
+	w    io.Writer
+	buf  bytes.Buffer  // encoded events not yet written
+	enc  *json.Encoder // encodes to buf
+	hold bool          // keep Output events in buf until the Exit
 
 	reaper *reaper
 	interp *interpreter         // the session's interpreter, once started
