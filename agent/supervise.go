@@ -187,15 +187,23 @@ func readInto(fd int, buf []byte, c *streamCapture) int {
 	return fd
 }
 
+// maxDrain bounds what drainNow reads: more than any pipe holds (Linux
+// and gVisor cap pipe sizes at 1 MiB by default), so all that the program
+// wrote before its end, and no more from a process that keeps writing.
+const maxDrain = 1<<20 + 64<<10
+
 // drainNow reads what is in the pipe fd without waiting for more, and
 // closes it: a background process of the program that still holds the
 // pipe open, and escaped the kill, must not delay the run's end.
 func drainNow(fd int, buf []byte, c *streamCapture) int {
+	read := 0
 	for fd >= 0 {
-		n, err := unix.Read(fd, buf)
+		n, err := unix.Read(fd, buf[:min(len(buf), maxDrain-read)])
 		if n > 0 {
 			_ = c.add(buf[:n])
-			continue
+			if read += n; read < maxDrain {
+				continue
+			}
 		}
 		if errors.Is(err, unix.EINTR) {
 			continue
