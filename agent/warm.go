@@ -25,10 +25,12 @@ var (
 	warmNodeDriver string
 )
 
-// WarmInterpreters are the interpreter kinds that can be started before
-// their code is known. Other languages are pooled too, but their program
-// starts with the run.
-var WarmInterpreters = []string{"python", "node"}
+// WarmInterpreters are the interpreter kinds that OpWarm prepares before
+// their code is known: Python and Node are started, with their preloads, and
+// run the code in that process; Bash is only started once and left to exit
+// (see warmUpBash), and its program starts with the run. Other languages
+// are pooled too, with nothing warmed.
+var WarmInterpreters = []string{"python", "node", "bash"}
 
 func warmArgv(kind string) ([]string, error) {
 	switch kind {
@@ -77,6 +79,9 @@ func (s *server) warm(req *Request) *Exit {
 	if s.warmed != nil {
 		return s.prime(req.Timeout)
 	}
+	if req.Interpreter == "bash" {
+		return s.warmUpBash(req)
+	}
 	argv, err := warmArgv(req.Interpreter)
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
@@ -92,6 +97,36 @@ func (s *server) warm(req *Request) *Exit {
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm %s interpreter %v", req.Interpreter, err), Duration: time.Since(start)}
 	}
 	s.warmed = w
+	return &Exit{Duration: time.Since(start)}
+}
+
+// warmUpBash runs `bash -c :` once, as the program would run, and waits for
+// it. A Bash run starts its program cold, as `bash main.sh`: a warm shell
+// that sourced the script would differ from it in ways a script can see
+// ($-, FUNCNAME, caller, a top-level return, an extra descriptor). But the
+// first exec of bash in a sandbox pays for looking up and reading the shell
+// and its libraries through the sandbox's file system, which the run's exec
+// then finds cached. Nothing of it stays: the shell does nothing and
+// exits, and the workspace is untouched.
+func (s *server) warmUpBash(req *Request) *Exit {
+	start := time.Now()
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	null2, _ := dupFile(devnull)
+	null3, _ := dupFile(devnull)
+	pid, done, err := s.startProgram([]string{"bash", "--norc", "--noprofile", "-c", ":"}, req.Env, []*os.File{devnull, null2, null3})
+	if err != nil {
+		return &Exit{Code: -1, Error: "warm up bash: " + err.Error()}
+	}
+	select {
+	case <-done:
+	case <-time.After(req.Timeout):
+		_ = unix.Kill(-pid, unix.SIGKILL)
+		<-done
+		return &Exit{Code: -1, Error: fmt.Sprintf("warm up bash: no end within %s", req.Timeout), Duration: time.Since(start)}
+	}
 	return &Exit{Duration: time.Since(start)}
 }
 

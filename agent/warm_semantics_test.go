@@ -308,3 +308,30 @@ func TestWarmPrimeReseeds(t *testing.T) {
 		}
 	}
 }
+
+// TestWarmBashEndsAsCold checks that a Bash sandbox warmed up (its shell run
+// once beforehand) runs the script exactly as a cold one: the same process
+// layout, arguments, shell flags, exit code and traps.
+func TestWarmBashEndsAsCold(t *testing.T) {
+	tests := []struct{ name, code string }{
+		{"exit code", "echo \"$0\" \"$#\" \"$-\"; exit 3\n"},
+		{"trap", "trap 'echo trapped' EXIT\necho main\n"},
+		{"top-level return", "echo a\nreturn 2\necho b\n"},
+		{"caller and FUNCNAME", "caller; echo \"${FUNCNAME[*]}\" \"${#BASH_SOURCE[@]}\"\n"},
+		{"descriptors", "ls /proc/$$/fd | tr '\\n' ' '\n"},
+		{"signal", "kill -TERM $$\n"},
+		{"stdin", "read -r line; echo \"got $line\"\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := []agent.File{{Path: "main.sh", Data: []byte(tt.code)}}
+			argv := []string{"bash", "main.sh"}
+			_, warm := warmRun(t, "bash", nil, files, argv, "in")
+			cold := coldRun(t, files, argv, "in")
+			sameEnd(t, tt.name, warm, cold)
+			if !bytes.Equal(warm.stderr, cold.stderr) {
+				t.Errorf("stderr: warm %q, cold %q", warm.stderr, cold.stderr)
+			}
+		})
+	}
+}
