@@ -59,7 +59,9 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 			return fmt.Errorf("read request: %w", err)
 		}
 		exit := s.handle(&req)
-		if err := s.send(Event{Exit: exit}); err != nil {
+		err := s.send(Event{Exit: exit})
+		s.killPending()
+		if err != nil {
 			return err
 		}
 		if cfg.OneShot && req.Op == OpRun {
@@ -77,9 +79,12 @@ type server struct {
 	hold bool          // keep Output events in buf until the Exit
 
 	reaper *reaper
-	interp *interpreter         // the session's interpreter, once started
-	warmed *warmProgram         // the interpreter OpWarm started, until OpRun takes it
-	seen   map[string]fileStamp // output files returned so far in this session
+	interp *interpreter // the session's interpreter, once started
+	warmed *warmProgram // the interpreter OpWarm started, until OpRun takes it
+	// pendingKill is the process group of a run whose kill waits until
+	// its Exit is sent; 0 for none.
+	pendingKill int
+	seen        map[string]fileStamp // output files returned so far in this session
 }
 
 func (s *server) send(ev Event) error {
@@ -201,6 +206,7 @@ func (s *server) run(req *Request) *Exit {
 	}
 	finishCaptures(exit, stdout, stderr)
 	if req.Collect != nil && !emptyDir(s.cfg.Workdir, req.Collect.Dir) {
+		s.killPending() // the files as the run left them, as it ended
 		exit.Files = collect(s.cfg.Workdir, req.Collect, s.cfg.User)
 	}
 	return exit

@@ -139,18 +139,66 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 	}
 	if res.timedOut {
-		s.killRun(c.pid)
+		s.killRun(c.pid) // and again below, as for any run
 		// As a cold run reports it: killed by SIGKILL at the timeout.
 		res.ws, res.exited = c.wait(time.Time{})
 		res.took = time.Since(start)
 	}
-	// Whatever the program left running goes now, or its pipes never close.
-	s.killRun(c.pid)
 	s.holdEvents()
-	c.stdout = drainNow(c.stdout, buf, stdout)
-	c.stderr = drainNow(c.stderr, buf, stderr)
+	if !res.timedOut && drainedAll(c, buf, stdout, stderr) {
+		// Nothing holds the pipes any more: no process of the run can add
+		// to its output, so its Exit need not wait for the kill of what the
+		// run left (a SIGKILL of a process with numpy loaded takes 2-4 ms
+		// inside gVisor). Serve kills it right after sending the Exit, and
+		// anything that must see the run's processes gone first (the
+		// collection of a non-empty output directory) kills it before.
+		s.pendingKill = c.pid
+	} else {
+		// Whatever the program left running goes now, or its pipes never
+		// close; then what it wrote up to its end is taken.
+		s.killRun(c.pid)
+		c.stdout = drainNow(c.stdout, buf, stdout)
+		c.stderr = drainNow(c.stderr, buf, stderr)
+	}
 	c.close()
 	return res
+}
+
+// drainedAll reads what c's pipes hold without waiting and says whether
+// both reached their end: every writer closed them.
+func drainedAll(c *child, buf []byte, stdout, stderr *streamCapture) bool {
+	eof := true
+	for _, p := range []struct {
+		fd *int
+		c  *streamCapture
+	}{{&c.stdout, stdout}, {&c.stderr, stderr}} {
+		for *p.fd >= 0 {
+			n, err := unix.Read(*p.fd, buf)
+			if n > 0 {
+				_ = p.c.add(buf[:n])
+				continue
+			}
+			if n == 0 && err == nil {
+				unix.Close(*p.fd)
+				*p.fd = -1
+				break
+			}
+			if !errors.Is(err, unix.EINTR) {
+				eof = false // EAGAIN: someone still holds it open
+				break
+			}
+		}
+	}
+	return eof
+}
+
+// killPending kills what the last run left, if its kill was put off until
+// after its Exit (see supervise).
+func (s *server) killPending() {
+	if s.pendingKill != 0 {
+		s.killRun(s.pendingKill)
+		s.pendingKill = 0
+	}
 }
 
 // parseReport finds the driver's last word in what it wrote on its status
