@@ -3,6 +3,7 @@
 package agent
 
 import (
+	"bytes"
 	"errors"
 	"io"
 	"io/fs"
@@ -103,4 +104,51 @@ func depth(p string) int {
 		n++
 	}
 	return n
+}
+
+// emptyDir says whether dir (relative to workdir) is a directory with
+// nothing in it, so that collecting it, which walks it on a thread of its
+// own as the program's user (see asUser), can be skipped: most runs leave
+// their output directory empty. It looks as the agent itself, root, but
+// only opens a directory for reading, never through a symbolic link or out
+// of the workspace, and returns nothing of what it sees but "empty": where
+// the answer is no, or the look fails, the walk as the user decides what
+// comes back, as it always did.
+func emptyDir(workdir, dir string) bool {
+	ws, err := unix.Open(workdir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(ws)
+	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NONBLOCK, Resolve: beneathFlags}
+	fd, err := unix.Openat2(ws, dir, how)
+	if err != nil {
+		return false
+	}
+	defer unix.Close(fd)
+	buf := make([]byte, 4096)
+	for {
+		n, err := unix.Getdents(fd, buf)
+		if err != nil {
+			return false
+		}
+		if n == 0 {
+			return true
+		}
+		for b := buf[:n]; len(b) > 0; {
+			// struct linux_dirent64: ino (8), off (8), reclen (2), type (1), name.
+			reclen := int(b[16]) | int(b[17])<<8
+			if reclen < 20 || reclen > len(b) {
+				return false
+			}
+			name := b[19:reclen]
+			if i := bytes.IndexByte(name, 0); i >= 0 {
+				name = name[:i]
+			}
+			if s := string(name); s != "." && s != ".." {
+				return false
+			}
+			b = b[reclen:]
+		}
+	}
 }

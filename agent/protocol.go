@@ -9,7 +9,10 @@
 // The protocol is newline-delimited JSON over the agent's stdin and stdout.
 // The agent first sends an Event with Ready set. The host then sends a
 // Request; the agent answers with Output events while the program runs and
-// one Event with Exit set when it is over. In one-shot mode the agent then
+// one Event with Exit set when it is over. The agent reads a run's output
+// pipes only from a few milliseconds into the run, or at its end, so the
+// Output events of a short run all come just before its Exit, in the same
+// write. In one-shot mode the agent then
 // exits; otherwise it waits for the next Request, so a later caller can keep
 // one sandbox for many runs.
 //
@@ -36,7 +39,9 @@ const (
 	OpList = "list"
 	// OpWarm starts the persistent interpreter of kind Interpreter ahead of
 	// its run, with the modules of Preload imported; the next OpRun hands
-	// its Argv to that interpreter instead of starting a new process.
+	// its Argv and its code file to that interpreter instead of starting a
+	// new process. Sent again, it primes the interpreter (see
+	// WarmInterpreters for what each kind does).
 	OpWarm = "warm"
 )
 

@@ -44,7 +44,8 @@ type Config struct {
 // (or after its run in one-shot mode). It must run as the sandbox's
 // first process: it reaps orphaned processes, as init does.
 func Serve(r io.Reader, w io.Writer, cfg Config) error {
-	s := &server{cfg: cfg, enc: json.NewEncoder(w), reaper: sharedReaper()}
+	s := &server{cfg: cfg, w: w, reaper: sharedReaper()}
+	s.enc = json.NewEncoder(&s.buf)
 	if err := s.send(Event{Ready: &Ready{Version: ProtocolVersion}}); err != nil {
 		return err
 	}
@@ -58,7 +59,9 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 			return fmt.Errorf("read request: %w", err)
 		}
 		exit := s.handle(&req)
-		if err := s.send(Event{Exit: exit}); err != nil {
+		err := s.send(Event{Exit: exit})
+		s.killPending()
+		if err != nil {
 			return err
 		}
 		if cfg.OneShot && req.Op == OpRun {
@@ -68,22 +71,47 @@ func Serve(r io.Reader, w io.Writer, cfg Config) error {
 }
 
 type server struct {
-	cfg    Config
-	mu     sync.Mutex // serialises writes to enc
-	enc    *json.Encoder
+	cfg  Config
+	mu   sync.Mutex // serialises writes to w, and guards buf and hold
+	w    io.Writer
+	buf  bytes.Buffer  // encoded events not yet written
+	enc  *json.Encoder // encodes to buf
+	hold bool          // keep Output events in buf until the Exit
+
 	reaper *reaper
-	interp *interpreter         // the session's interpreter, once started
-	warmed *warmProgram         // the interpreter OpWarm started, until OpRun takes it
-	seen   map[string]fileStamp // output files returned so far in this session
+	interp *interpreter // the session's interpreter, once started
+	warmed *warmProgram // the interpreter OpWarm started, until OpRun takes it
+	// pendingKill is the process group of a run whose kill waits until
+	// its Exit is sent; 0 for none.
+	pendingKill int
+	seen        map[string]fileStamp // output files returned so far in this session
 }
 
 func (s *server) send(ev Event) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enc.Encode(ev); err != nil {
+		s.buf.Reset()
+		return fmt.Errorf("send event: %w", err)
+	}
+	if s.hold && ev.Exit == nil {
+		return nil
+	}
+	s.hold = false
+	_, err := s.w.Write(s.buf.Bytes())
+	s.buf.Reset()
+	if err != nil {
 		return fmt.Errorf("send event: %w", err)
 	}
 	return nil
+}
+
+// holdEvents keeps the Output events sent from now on until the Exit that
+// follows them, so that the end of a run reaches the host in one write.
+func (s *server) holdEvents() {
+	s.mu.Lock()
+	s.hold = true
+	s.mu.Unlock()
 }
 
 // handle carries out one request.
@@ -129,7 +157,20 @@ func (s *server) prepare(req *Request) error {
 
 // run runs one request's program to completion and describes how it ended.
 func (s *server) run(req *Request) *Exit {
-	if err := s.prepare(req); err != nil {
+	// A warm driver writes the code file itself, as the program's user,
+	// and makes the output directory: no file operation of the agent's
+	// (each on a thread of its own, see asUser) on the way to the run.
+	files, code := req.Files, (*File)(nil)
+	if s.warmed != nil {
+		files, code = driverFile(req)
+	}
+	outDir := ""
+	if req.Collect != nil && s.warmed == nil {
+		// The output directory exists from the start, so that programs can
+		// write to it without creating it.
+		outDir = req.Collect.Dir
+	}
+	if err := prepareFiles(s.cfg.Workdir, files, outDir, s.cfg.User); err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
 	if len(req.Argv) == 0 || req.Timeout <= 0 {
@@ -140,47 +181,32 @@ func (s *server) run(req *Request) *Exit {
 	if exit := s.install(req, stderr); exit != nil {
 		return finishCaptures(exit, stdout, stderr)
 	}
-	start := time.Now()
-	pid, done, inW, outR, errR, err := s.launch(req.Argv, req.Env)
+	var c *child
+	var err error
+	if s.warmed != nil {
+		c, err = s.launchWarm(req, code)
+	} else {
+		c, err = s.launch(req)
+	}
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-
-	go func() {
-		// The program may exit without reading its input; EPIPE ends this.
-		_, _ = inW.Write(req.Stdin)
-		inW.Close()
-	}()
-	var readers sync.WaitGroup
-	readers.Add(2)
-	go func() { defer readers.Done(); stdout.drain(outR) }()
-	go func() { defer readers.Done(); stderr.drain(errR) }()
-
-	exit := &Exit{}
-	var ws unix.WaitStatus
-	timer := time.NewTimer(req.Timeout)
-	select {
-	case ws = <-done:
-		timer.Stop()
-	case <-timer.C:
-		exit.TimedOut = true
-		s.killRun(pid)
-		ws = <-done
-	}
-	exit.Duration = time.Since(start)
-	// Whatever the program left running goes now, or its pipes never close.
-	s.killRun(pid)
-	waitOrClose(&readers, 200*time.Millisecond, outR, errR)
-
+	res := s.supervise(c, req.Timeout, stdout, stderr)
+	exit := &Exit{Duration: res.took, TimedOut: res.timedOut}
 	switch {
-	case ws.Signaled():
+	case res.failed != "":
+		return &Exit{Code: -1, Error: res.failed}
+	case res.exited && res.ws.Signaled():
 		exit.Code = -1
-		exit.Signal = unix.SignalName(ws.Signal())
+		exit.Signal = unix.SignalName(res.ws.Signal())
+	case res.exited:
+		exit.Code = res.ws.ExitStatus()
 	default:
-		exit.Code = ws.ExitStatus()
+		exit.Code = res.reported
 	}
 	finishCaptures(exit, stdout, stderr)
-	if req.Collect != nil {
+	if req.Collect != nil && !emptyDir(s.cfg.Workdir, req.Collect.Dir) {
+		s.killPending() // the files as the run left them, as it ended
 		exit.Files = collect(s.cfg.Workdir, req.Collect, s.cfg.User)
 	}
 	return exit
@@ -193,33 +219,86 @@ func finishCaptures(exit *Exit, stdout, stderr *streamCapture) *Exit {
 	return exit
 }
 
-// launch starts the request's program, or hands its argv to the warm
-// interpreter if there is one, and returns the host ends of its stdio.
-func (s *server) launch(argv, env []string) (pid int, done <-chan unix.WaitStatus, stdin, stdout, stderr *os.File, err error) {
-	if s.warmed != nil {
-		pid, done, stdin, stdout, stderr = s.launchWarm(argv)
-		return pid, done, stdin, stdout, stderr, nil
-	}
-	outR, outW, err := os.Pipe()
+// launch starts the request's program and hands it its stdin.
+func (s *server) launch(req *Request) (*child, error) {
+	path, err := lookPath(req.Argv[0])
 	if err != nil {
-		return 0, nil, nil, nil, nil, err
+		return nil, err
 	}
-	errR, errW, err := os.Pipe()
+	c := &child{pidfd: -1, report: -1, stdout: -1, stderr: -1}
+	var inR, outW, errW int
+	inR, inW, err := stdinPipe()
 	if err != nil {
-		closeAll(outR, outW)
-		return 0, nil, nil, nil, nil, err
+		return nil, err
 	}
-	inR, inW, err := os.Pipe()
+	if c.stdout, outW, err = pipe(); err != nil {
+		closeFDs(inR)
+		inW.Close()
+		return nil, err
+	}
+	if c.stderr, errW, err = pipe(); err != nil {
+		closeFDs(inR, outW)
+		inW.Close()
+		c.close()
+		return nil, err
+	}
+	pidfd := -1
+	c.pid, c.done, err = s.forkExec(path, req.Argv, append(os.Environ(), req.Env...), []uintptr{uintptr(inR), uintptr(outW), uintptr(errW)}, &pidfd)
+	closeFDs(inR, outW, errW)
 	if err != nil {
-		closeAll(outR, outW, errR, errW)
-		return 0, nil, nil, nil, nil, err
+		inW.Close()
+		c.close()
+		return nil, fmt.Errorf("start %s: %w", req.Argv[0], err)
 	}
-	pid, done, err = s.startProgram(argv, env, []*os.File{inR, outW, errW})
+	feedStdin(inW, req.Stdin)
+	if err := c.watchExit(pidfd); err != nil {
+		s.killRun(c.pid)
+		c.close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// stdinPipe returns a pipe for a program's stdin: its read end blocks, the
+// agent's write end is an *os.File on Go's poller.
+func stdinPipe() (r int, w *os.File, err error) {
+	r, wfd, err := pipe()
 	if err != nil {
-		closeAll(outR, errR, inW)
-		return 0, nil, nil, nil, nil, err
+		return -1, nil, err
 	}
-	return pid, done, inW, outR, errR, nil
+	// pipe made the read end non-blocking: swap the modes.
+	if err := unix.SetNonblock(r, false); err != nil {
+		closeFDs(r, wfd)
+		return -1, nil, err
+	}
+	if err := unix.SetNonblock(wfd, true); err != nil {
+		closeFDs(r, wfd)
+		return -1, nil, err
+	}
+	return r, os.NewFile(uintptr(wfd), "stdin"), nil
+}
+
+// feedStdin writes data to the program's stdin and closes it: at once if it
+// fits the pipe, which needs no other goroutine, else in the background.
+func feedStdin(w *os.File, data []byte) {
+	if len(data) <= 16<<10 {
+		_, _ = w.Write(data) // EPIPE if the program is gone: nobody to read it
+		w.Close()
+		return
+	}
+	go func() {
+		// The program may exit without reading its input; EPIPE ends this.
+		_, _ = w.Write(data)
+		w.Close()
+	}()
+}
+
+func closeFDs(fds ...int) {
+	for _, fd := range fds {
+		if fd >= 0 {
+			unix.Close(fd)
+		}
+	}
 }
 
 // startProgram starts argv (argv[0] looked up in PATH) in the workspace,
@@ -232,21 +311,14 @@ func (s *server) startProgram(argv, env []string, files []*os.File) (pid int, do
 	if err != nil {
 		return 0, nil, err
 	}
-	s.reaper.mu.Lock() // hold reaping until the pid is registered
-	proc, err := os.StartProcess(path, argv, &os.ProcAttr{
-		Dir:   s.cfg.Workdir,
-		Env:   append(os.Environ(), env...),
-		Files: files,
-		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User},
-	})
+	fds := make([]uintptr, len(files))
+	for i, f := range files {
+		fds[i] = f.Fd()
+	}
+	pid, done, err = s.forkExec(path, argv, append(os.Environ(), env...), fds, nil)
 	if err != nil {
-		s.reaper.mu.Unlock()
 		return 0, nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
-	done = s.reaper.expectLocked(proc.Pid)
-	s.reaper.mu.Unlock()
-	pid = proc.Pid
-	_ = proc.Release()
 	return pid, done, nil
 }
 
@@ -314,8 +386,18 @@ func (c *streamCapture) add(p []byte) error {
 // and the directories made for them are the program's, refusing any path
 // that leaves the workspace or goes through a symbolic link.
 func writeFiles(workdir string, files []File, user *syscall.Credential) error {
-	if len(files) == 0 {
+	return prepareFiles(workdir, files, "", user)
+}
+
+// prepareFiles writes files (see writeFiles), then creates the directory
+// outDir unless it is "", all on one thread as user: each thread asUser
+// makes, and ends, costs a few hundred microseconds inside gVisor.
+func prepareFiles(workdir string, files []File, outDir string, user *syscall.Credential) error {
+	if len(files) == 0 && outDir == "" {
 		return nil
+	}
+	if outDir != "" && !filepath.IsLocal(outDir) {
+		return fmt.Errorf("create %s: path leaves the workspace", outDir)
 	}
 	return inWorkspace(workdir, user, func(ws *os.File) error {
 		for _, f := range files {
@@ -337,22 +419,20 @@ func writeFiles(workdir string, files []File, user *syscall.Credential) error {
 				return fmt.Errorf("write %q: %w", f.Path, explain(name, err))
 			}
 		}
-		return nil
+		if outDir == "" {
+			return nil
+		}
+		d, err := mkdirAll(ws, filepath.Clean(outDir))
+		if err != nil {
+			return fmt.Errorf("create %s: %w", outDir, err)
+		}
+		return d.Close()
 	})
 }
 
 // makeDir creates dir (relative) below workdir, as user.
 func makeDir(workdir, dir string, user *syscall.Credential) error {
-	if !filepath.IsLocal(dir) {
-		return fmt.Errorf("create %s: path leaves the workspace", dir)
-	}
-	return inWorkspace(workdir, user, func(ws *os.File) error {
-		d, err := mkdirAll(ws, filepath.Clean(dir))
-		if err != nil {
-			return fmt.Errorf("create %s: %w", dir, err)
-		}
-		return d.Close()
-	})
+	return prepareFiles(workdir, nil, dir, user)
 }
 
 // mkdirAll creates dir and its missing parents below ws, one component at a

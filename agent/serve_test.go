@@ -604,6 +604,22 @@ func TestServeBackgroundChild(t *testing.T) {
 		}
 	})
 
+	t.Run("in the program's process group, its stdio elsewhere", func(t *testing.T) {
+		// Nothing holds the pipes: the agent answers first and kills after.
+		r := serveOne(t, t.TempDir(), sh("sleep 30 </dev/null >/dev/null 2>&1 & echo $!"))
+		pid, err := strconv.Atoi(strings.TrimSpace(string(r.stdout)))
+		if err != nil {
+			t.Fatalf("stdout %q is not the background pid", r.stdout)
+		}
+		defer killSleep(t, pid)
+		for end := time.Now().Add(5 * time.Second); running(pid); {
+			if time.Now().After(end) {
+				t.Fatalf("background process %d in the program's group outlived the run", pid)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	})
+
 	t.Run("in a session of its own", func(t *testing.T) {
 		if _, err := exec.LookPath("setsid"); err != nil {
 			t.Skip("setsid is not installed")

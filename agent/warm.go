@@ -3,10 +3,12 @@
 package agent
 
 import (
-	"bufio"
+	"bytes"
 	_ "embed"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"time"
@@ -23,10 +25,12 @@ var (
 	warmNodeDriver string
 )
 
-// WarmInterpreters are the interpreter kinds that can be started before
-// their code is known. Other languages are pooled too, but their program
-// starts with the run.
-var WarmInterpreters = []string{"python", "node"}
+// WarmInterpreters are the interpreter kinds that OpWarm prepares before
+// their code is known: Python and Node are started, with their preloads, and
+// run the code in that process; Bash is only started once and left to exit
+// (see warmUpBash), and its program starts with the run. Other languages
+// are pooled too, with nothing warmed.
+var WarmInterpreters = []string{"python", "node", "bash"}
 
 func warmArgv(kind string) ([]string, error) {
 	switch kind {
@@ -39,17 +43,23 @@ func warmArgv(kind string) ([]string, error) {
 }
 
 // warmProgram is an interpreter started ahead of its run, waiting for the
-// argv that says what to run.
+// message that says what to run.
+//
+// The agent talks to it in messages on its fd 3, each a line "COMMAND
+// LENGTH" followed by LENGTH bytes: "prime" (no bytes) asks it to touch its
+// memory and reseed its random generators, "run" carries the run (see
+// runMessage). It answers in lines on its fd 4: "ready" once its preloads
+// are imported, "primed", and at the end of the run "exit CODE" (after it
+// flushed and closed its stdio) or "fail MESSAGE" (it could not start it).
 type warmProgram struct {
 	pid     int
 	done    <-chan unix.WaitStatus
-	argv    *os.File // fd 3 of the driver: its commands
-	status  *bufio.Reader
-	statusF *os.File // fd 4 of the driver: its answers
-	stdin   *os.File
-	stdout  *os.File
-	stderr  *os.File
-	started time.Time
+	cmd     int      // fd 3 of the driver: its commands (blocking)
+	status  int      // fd 4 of the driver: its answers (non-blocking)
+	pending []byte   // read from status past the last answer
+	stdin   *os.File // the agent's ends of its stdio
+	stdout  int
+	stderr  int
 }
 
 // warm starts the request's interpreter and waits until it has imported
@@ -59,7 +69,9 @@ type warmProgram struct {
 // Sent again to a warm sandbox, it primes the interpreter: a sandbox
 // restored from a checkpoint maps its memory back page by page as it is
 // first touched, and priming pays for that before the run instead of
-// during it.
+// during it. The engine primes every sandbox it restores, so priming is
+// also where the driver reseeds the random generators that every sandbox
+// restored from one checkpoint would otherwise share.
 func (s *server) warm(req *Request) *Exit {
 	if req.Timeout <= 0 {
 		return &Exit{Code: -1, Error: "invalid request: a positive timeout is required"}
@@ -67,42 +79,120 @@ func (s *server) warm(req *Request) *Exit {
 	if s.warmed != nil {
 		return s.prime(req.Timeout)
 	}
+	if req.Interpreter == "bash" {
+		return s.warmUpBash(req)
+	}
 	argv, err := warmArgv(req.Interpreter)
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	inR, inW, err := os.Pipe()
+	w, err := s.startWarm(argv, append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...))
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	outR, outW, _ := os.Pipe()
-	errR, errW, _ := os.Pipe()
-	argvR, argvW, _ := os.Pipe()
-	statR, statW, _ := os.Pipe()
-	env := append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...)
 	start := time.Now()
-	pid, done, err := s.startProgram(argv, env, []*os.File{inR, outW, errW, argvR, statW})
-	if err != nil {
-		closeAll(inW, outR, errR, argvW, statR)
-		return &Exit{Code: -1, Error: err.Error()}
-	}
-	w := &warmProgram{pid: pid, done: done, argv: argvW, status: bufio.NewReader(statR), statusF: statR,
-		stdin: inW, stdout: outR, stderr: errR, started: start}
 	if err := w.await("ready", req.Timeout); err != nil {
-		_ = unix.Kill(-pid, unix.SIGKILL)
-		closeAll(inW, outR, errR, argvW, statR)
+		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		w.close()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm %s interpreter %v", req.Interpreter, err), Duration: time.Since(start)}
 	}
 	s.warmed = w
 	return &Exit{Duration: time.Since(start)}
 }
 
-// prime asks the warm interpreter to touch its memory, and the agent
-// touches its own.
+// warmUpBash runs `bash -c :` once, as the program would run, and waits for
+// it. A Bash run starts its program cold, as `bash main.sh`: a warm shell
+// that sourced the script would differ from it in ways a script can see
+// ($-, FUNCNAME, caller, a top-level return, an extra descriptor). But the
+// first exec of bash in a sandbox pays for looking up and reading the shell
+// and its libraries through the sandbox's file system, which the run's exec
+// then finds cached. Nothing of it stays: the shell does nothing and
+// exits, and the workspace is untouched.
+func (s *server) warmUpBash(req *Request) *Exit {
+	start := time.Now()
+	devnull, err := os.OpenFile(os.DevNull, os.O_RDWR, 0)
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	null2, _ := dupFile(devnull)
+	null3, _ := dupFile(devnull)
+	pid, done, err := s.startProgram([]string{"bash", "--norc", "--noprofile", "-c", ":"}, req.Env, []*os.File{devnull, null2, null3})
+	if err != nil {
+		return &Exit{Code: -1, Error: "warm up bash: " + err.Error()}
+	}
+	select {
+	case <-done:
+	case <-time.After(req.Timeout):
+		_ = unix.Kill(-pid, unix.SIGKILL)
+		<-done
+		return &Exit{Code: -1, Error: fmt.Sprintf("warm up bash: no end within %s", req.Timeout), Duration: time.Since(start)}
+	}
+	return &Exit{Duration: time.Since(start)}
+}
+
+// startWarm starts the driver with its five descriptors.
+func (s *server) startWarm(argv, env []string) (*warmProgram, error) {
+	path, err := lookPath(argv[0])
+	if err != nil {
+		return nil, err
+	}
+	w := &warmProgram{cmd: -1, status: -1, stdout: -1, stderr: -1}
+	var inR, outW, errW, statW int
+	var cmd [2]int
+	var childFDs []int
+	fail := func(err error) (*warmProgram, error) {
+		closeFDs(childFDs...)
+		w.close()
+		return nil, err
+	}
+	if inR, w.stdin, err = stdinPipe(); err != nil {
+		return fail(err)
+	}
+	childFDs = append(childFDs, inR)
+	if w.stdout, outW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	childFDs = append(childFDs, outW)
+	if w.stderr, errW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	childFDs = append(childFDs, errW)
+	if err = unix.Pipe2(cmd[:], unix.O_CLOEXEC); err != nil {
+		return fail(err)
+	}
+	w.cmd = cmd[1]
+	childFDs = append(childFDs, cmd[0])
+	if w.status, statW, err = pipe(); err != nil {
+		return fail(err)
+	}
+	childFDs = append(childFDs, statW)
+	fds := make([]uintptr, len(childFDs))
+	for i, fd := range childFDs {
+		fds[i] = uintptr(fd)
+	}
+	w.pid, w.done, err = s.forkExec(path, argv, append(os.Environ(), env...), fds, nil)
+	if err != nil {
+		return fail(fmt.Errorf("start %s: %w", argv[0], err))
+	}
+	closeFDs(childFDs...)
+	return w, nil
+}
+
+// close closes the agent's ends of the driver's descriptors.
+func (w *warmProgram) close() {
+	if w.stdin != nil {
+		w.stdin.Close()
+	}
+	closeFDs(w.cmd, w.status, w.stdout, w.stderr)
+	w.cmd, w.status, w.stdout, w.stderr = -1, -1, -1, -1
+}
+
+// prime asks the warm interpreter to touch its memory and reseed, and the
+// agent touches its own.
 func (s *server) prime(timeout time.Duration) *Exit {
 	start := time.Now()
 	w := s.warmed
-	if _, err := w.argv.Write([]byte("prime\n")); err != nil {
+	if err := writeFull(w.cmd, []byte("prime 0\n")); err != nil {
 		return &Exit{Code: -1, Error: "prime the warm interpreter: " + err.Error()}
 	}
 	if err := w.await("primed", timeout); err != nil {
@@ -114,35 +204,143 @@ func (s *server) prime(timeout time.Duration) *Exit {
 
 // await reads the driver's next answer and checks that it is want.
 func (w *warmProgram) await(want string, timeout time.Duration) error {
-	got := make(chan string, 1)
-	go func() {
-		line, _ := w.status.ReadString('\n')
-		got <- line
-	}()
-	select {
-	case line := <-got:
-		if line != want+"\n" {
+	deadline := time.Now().Add(timeout)
+	buf := make([]byte, 256)
+	for {
+		if line, rest, ok := bytes.Cut(w.pending, []byte("\n")); ok {
+			w.pending = rest
+			if string(line) != want {
+				return fmt.Errorf("answered %q, not %q", line, want)
+			}
+			return nil
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("did not answer %q within %s", want, timeout)
+		}
+		fds := []unix.PollFd{{Fd: int32(w.status), Events: unix.POLLIN}}
+		if _, err := unix.Poll(fds, int(left/time.Millisecond)+1); err != nil && !errors.Is(err, unix.EINTR) {
+			return fmt.Errorf("could not be heard: %w", err)
+		}
+		if fds[0].Revents == 0 {
+			continue
+		}
+		n, err := unix.Read(w.status, buf)
+		if n > 0 {
+			w.pending = append(w.pending, buf[:n]...)
+			continue
+		}
+		if n == 0 || !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return fmt.Errorf("exited before it answered %q", want)
 		}
-		return nil
-	case <-time.After(timeout):
-		// The reader goroutine ends when the interpreter is killed.
-		return fmt.Errorf("did not answer %q within %s", want, timeout)
 	}
 }
 
-// launchWarm hands argv to the warm interpreter, which runs it as a cold
-// start of argv would, and returns its descriptors as startProgram's
-// caller would hold them.
-func (s *server) launchWarm(argv []string) (pid int, done <-chan unix.WaitStatus, stdin, stdout, stderr *os.File) {
+// driverFile splits off the request's file that a warm driver writes
+// itself: the script its argv names, at the top of the workspace, if the
+// request has it once.
+func driverFile(req *Request) (rest []File, code *File) {
+	script := scriptArg(req.Argv)
+	if script == "" {
+		return req.Files, nil
+	}
+	script = filepath.Clean(script)
+	if strings.Contains(script, "/") || script == "." || script == ".." {
+		return req.Files, nil
+	}
+	at := -1
+	for i, f := range req.Files {
+		if filepath.Clean(f.Path) == script {
+			if at >= 0 {
+				return req.Files, nil // twice: the agent writes both, in order
+			}
+			at = i
+		}
+	}
+	if at < 0 {
+		return req.Files, nil
+	}
+	f := req.Files[at]
+	f.Path = script
+	rest = append(append(rest, req.Files[:at]...), req.Files[at+1:]...)
+	return rest, &f
+}
+
+// scriptArg is the script a warm driver runs for argv: its first argument
+// that is not an option, as the drivers find it.
+func scriptArg(argv []string) string {
+	for _, a := range argv[min(1, len(argv)):] {
+		if !strings.HasPrefix(a, "-") {
+			return a
+		}
+	}
+	return ""
+}
+
+// runMessage is the "run" message: the code file (name, octal mode, length
+// and bytes; an empty name for none), the output directory to make ("" for
+// none), then the run's argv, each field ended by a NUL.
+func runMessage(code *File, outDir string, argv []string) []byte {
+	var p bytes.Buffer
+	if code != nil {
+		mode := code.Mode & 0o777
+		if mode == 0 {
+			mode = 0o644
+		}
+		fmt.Fprintf(&p, "%s\x00%o\x00%d\x00", code.Path, mode, len(code.Data))
+		p.Write(code.Data)
+	} else {
+		p.WriteString("\x00\x00\x000\x00")
+	}
+	p.WriteString(outDir)
+	p.WriteByte(0)
+	for _, a := range argv {
+		p.WriteString(a)
+		p.WriteByte(0)
+	}
+	return append(fmt.Appendf(nil, "run %d\n", p.Len()), p.Bytes()...)
+}
+
+// writeFull writes all of b to the blocking descriptor fd.
+func writeFull(fd int, b []byte) error {
+	for len(b) > 0 {
+		n, err := unix.Write(fd, b)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		b = b[n:]
+	}
+	return nil
+}
+
+// launchWarm hands the run to the warm interpreter, which writes code (if
+// not nil), makes the output directory and runs argv as a cold start of
+// argv would, and returns it as a child to supervise.
+func (s *server) launchWarm(req *Request, code *File) (*child, error) {
 	w := s.warmed
 	s.warmed = nil
-	w.statusF.Close()
-	go func() {
-		// EOF ends the argv; if the driver died, the write fails and its
-		// exit status tells the rest.
-		_, _ = w.argv.Write([]byte("run\n" + strings.Join(argv, "\x00") + "\x00"))
-		w.argv.Close()
-	}()
-	return w.pid, w.done, w.stdin, w.stdout, w.stderr
+	outDir := ""
+	if req.Collect != nil {
+		if !filepath.IsLocal(req.Collect.Dir) {
+			w.close()
+			_ = unix.Kill(-w.pid, unix.SIGKILL)
+			return nil, fmt.Errorf("create %s: path leaves the workspace", req.Collect.Dir)
+		}
+		outDir = filepath.Clean(req.Collect.Dir)
+	}
+	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: w.status, stdout: w.stdout, stderr: w.stderr}
+	if err := c.watchExit(-1); err != nil {
+		w.close()
+		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		return nil, err
+	}
+	feedStdin(w.stdin, req.Stdin)
+	// If the driver died, the write fails (EPIPE) and its exit tells the
+	// rest.
+	_ = writeFull(w.cmd, runMessage(code, outDir, req.Argv))
+	unix.Close(w.cmd)
+	return c, nil
 }

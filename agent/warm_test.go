@@ -21,7 +21,7 @@ func warmRun(t *testing.T, kind string, preload []string, files []agent.File, ar
 // warmRunFor is warmRun with the run's timeout.
 func warmRunFor(t *testing.T, timeout time.Duration, kind string, preload []string, files []agent.File, argv []string, stdin string) (warm, run run) {
 	t.Helper()
-	if _, err := exec.LookPath(map[string]string{"python": "python3", "node": "node"}[kind]); err != nil {
+	if _, err := exec.LookPath(map[string]string{"python": "python3", "node": "node", "bash": "bash"}[kind]); err != nil {
 		t.Skipf("no %s interpreter on this host", kind)
 	}
 	dir := t.TempDir()

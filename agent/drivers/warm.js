@@ -3,14 +3,19 @@
 // paid before the call, not during it; then the sandbox serves one run and
 // is destroyed.
 //
-// Protocol: the modules to preload are in $SAFE_RUN_PRELOAD (comma-separated).
-// After requiring them this driver writes "ready" to fd 4 and waits for
-// commands on fd 3: "prime\n" is answered "primed" on fd 4 (there is
-// nothing to prime: Node sandboxes are never restored from a checkpoint);
-// "run\n" is followed by the run's argv: NUL-separated, ended by EOF. It
-// then runs the script
-// argv names (its first argument that is not an option) as `node argv...`
-// would, as the main module.
+// Protocol (see warmProgram in agent/warm.go): the modules to preload are in
+// $SAFE_RUN_PRELOAD (comma-separated). After requiring them this driver
+// writes "ready" to fd 4 and reads messages on fd 3, each a line "COMMAND
+// LENGTH" and LENGTH bytes. "prime" is answered "primed" (there is nothing
+// to prime: Node sandboxes are never restored from a checkpoint). "run"
+// carries the code file to write, the output directory to make and the
+// run's argv; it then runs the script argv names (its first argument that
+// is not an option) as `node argv...` would, as the main module. When the
+// process is about to exit normally, after every 'exit' listener, it closes
+// its stdio, writes "exit CODE" to fd 4 and exits at once. The agent takes
+// that line as the end of the run. An uncaught exception is left to Node,
+// which prints it after the 'exit' event; the agent then sees the exit
+// itself.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -22,13 +27,39 @@ const requireHere = Module.createRequire('/workspace/main.js');
 for (const name of preload) {
   try { requireHere(name); } catch { /* the user's own require fails as it would cold */ }
 }
+
+// What a run's first console.log and the loading of its file would start
+// lazily starts now: the stdio streams, the console's formatting, the
+// CommonJS loader's way through a file (compiled on first use). Inside
+// gVisor these first uses cost over 20 ms. The scratch module is in /tmp,
+// and removed.
+process.stdout; // eslint-disable-line no-unused-expressions
+process.stderr; // eslint-disable-line no-unused-expressions
+{
+  const { Console } = require('console');
+  const { Writable } = require('stream');
+  new Console(new Writable({ write(chunk, enc, cb) { cb(); } })).log('%s %d', 'warm', 1, { a: [1] });
+  const scratch = fs.mkdtempSync('/tmp/.safe-run-warm-');
+  try {
+    const file = path.join(scratch, 'main.js');
+    const fd = fs.openSync(file, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, 0o644);
+    fs.writeSync(fd, Buffer.from('module.exports = 1;\n'));
+    fs.fchmodSync(fd, 0o644);
+    fs.closeSync(fd);
+    fs.mkdirSync(path.join(scratch, 'out'), 0o755);
+    fs.lstatSync(path.join(scratch, 'out'));
+    requireHere(file);
+    delete require.cache[file];
+    path.resolve('main.js');
+  } catch { /* only a warm-up */ }
+  fs.rmSync(scratch, { recursive: true, force: true });
+}
 fs.writeSync(4, 'ready\n');
 
-function readByte(fd) {
-  const b = Buffer.alloc(1);
+function readSome(fd, buf) {
   for (;;) {
     try {
-      return fs.readSync(fd, b, 0, 1, null) === 1 ? b[0] : -1;
+      return fs.readSync(fd, buf, 0, buf.length, null);
     } catch (e) {
       if (e.code !== 'EAGAIN') throw e;
       Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1);
@@ -36,40 +67,95 @@ function readByte(fd) {
   }
 }
 
-function readCommand(fd) {
-  let line = '';
-  for (;;) {
-    const c = readByte(fd);
-    if (c < 0) return '';
-    if (c === 10) return line;
-    line += String.fromCharCode(c);
-  }
-}
-
-let command;
-while ((command = readCommand(3)) === 'prime') fs.writeSync(4, 'primed\n');
-fs.closeSync(4);
-if (command !== 'run') process.exit(0);
-
-function readAll(fd) {
-  const chunks = [];
+// readMessage returns the next message's command and bytes ('' at EOF).
+let pending = Buffer.alloc(0);
+function readMessage() {
   const buf = Buffer.alloc(65536);
-  for (;;) {
-    let n;
-    try {
-      n = fs.readSync(fd, buf, 0, buf.length, null);
-    } catch (e) {
-      if (e.code === 'EAGAIN') { Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 1); continue; }
-      throw e;
-    }
-    if (n === 0) break;
-    chunks.push(Buffer.from(buf.subarray(0, n)));
+  let nl;
+  while ((nl = pending.indexOf(10)) < 0) {
+    const n = readSome(3, buf);
+    if (n === 0) return ['', null];
+    pending = Buffer.concat([pending, buf.subarray(0, n)]);
   }
-  fs.closeSync(fd);
-  return Buffer.concat(chunks);
+  const [command, size] = pending.subarray(0, nl).toString().split(' ');
+  const want = nl + 1 + Number(size || 0);
+  while (pending.length < want) {
+    const n = readSome(3, buf);
+    if (n === 0) return ['', null];
+    pending = Buffer.concat([pending, buf.subarray(0, n)]);
+  }
+  const payload = pending.subarray(nl + 1, want);
+  pending = pending.subarray(want);
+  return [command, payload];
 }
 
-const argv = readAll(3).toString().split('\0').filter(Boolean);
+let command, payload;
+while (([command, payload] = readMessage())[0] === 'prime') fs.writeSync(4, 'primed\n');
+if (command !== 'run') process.reallyExit(0);
+fs.closeSync(3);
+
+// The run: NUL-ended fields name, octal mode, length, the code's bytes,
+// then the output directory and the argv.
+const field = (from) => { const end = payload.indexOf(0, from); return [payload.subarray(from, end).toString(), end + 1]; };
+let at = 0;
+let name, mode, size, outDir;
+[name, at] = field(at);
+[mode, at] = field(at);
+[size, at] = field(at);
+const code = payload.subarray(at, at + Number(size));
+at += Number(size);
+[outDir, at] = field(at);
+const argv = [];
+while (at < payload.length) {
+  let a;
+  [a, at] = field(at);
+  argv.push(a);
+}
+
+try {
+  if (name) {
+    // As the agent writes files: exactly mode, never through a link.
+    const m = parseInt(mode, 8);
+    const fd = fs.openSync(name, fs.constants.O_WRONLY | fs.constants.O_CREAT | fs.constants.O_TRUNC | fs.constants.O_NOFOLLOW, m);
+    fs.writeSync(fd, code);
+    fs.fchmodSync(fd, m);
+    fs.closeSync(fd);
+  }
+  if (outDir) {
+    // As the agent does: each missing component with mode 0755.
+    let done = '';
+    for (const part of outDir.split('/')) {
+      done = done ? done + '/' + part : part;
+      try { fs.mkdirSync(done, 0o755); } catch (e) { if (e.code !== 'EEXIST') throw e; }
+      if (!fs.lstatSync(done).isDirectory()) throw new Error(`create ${outDir}: ${done} is not a directory`);
+    }
+  }
+} catch (e) {
+  fs.writeSync(4, `fail write ${JSON.stringify(name)}: ${String(e.message).replace(/\n/g, ' ')}\n`);
+  process.reallyExit(1);
+}
+
+// An uncaught exception emits 'exit' before Node prints it: leave that
+// exit to Node.
+let fatal = false;
+process.on('uncaughtExceptionMonitor', () => { fatal = true; });
+const emit = process.emit;
+process.emit = function (event, ...args) {
+  const result = emit.apply(this, [event, ...args]);
+  if (event === 'exit' && !fatal) {
+    let code = process.exitCode === undefined ? args[0] : process.exitCode;
+    code = (Number(code) | 0) & 0xff;
+    // Close the stdio: what the program left running keeps only its own
+    // copies, which the agent does not wait for.
+    for (const fd of [0, 1, 2]) {
+      try { fs.closeSync(fd); } catch { /* already closed by the program */ }
+    }
+    try { fs.writeSync(4, `exit ${code}\n`); } catch { /* the agent sees the exit */ }
+    process.reallyExit(code);
+  }
+  return result;
+};
+
 let i = 1;
 while (argv[i].startsWith('-')) i++;
 process.argv = [process.argv[0], path.resolve(argv[i]), ...argv.slice(i + 1)];

@@ -3,15 +3,21 @@
 # the preloaded modules are paid before the call, not during it; then the
 # sandbox serves one run and is destroyed.
 #
-# Protocol: the modules to preload are in $SAFE_RUN_PRELOAD (comma-separated).
-# After importing them this driver writes "ready" to fd 4 and waits for
-# commands on fd 3. "prime\n" asks it to touch its memory (a sandbox
+# Protocol (see warmProgram in agent/warm.go): the modules to preload are in
+# $SAFE_RUN_PRELOAD (comma-separated). After importing them this driver
+# writes "ready" to fd 4 and reads messages on fd 3, each a line "COMMAND
+# LENGTH" and LENGTH bytes. "prime" asks it to touch its memory (a sandbox
 # restored from a checkpoint maps its pages back only when first touched,
-# which would otherwise slow the run); it answers "primed" on fd 4.
-# "run\n" is followed by the run's argv: NUL-separated, ended by EOF. It then runs the script
-# argv names (its first argument that is not an option) as `python3 argv...`
-# would, as __main__, and exits with the code the script would have exited
-# with.
+# which would otherwise slow the run) and to reseed the random generators
+# that every sandbox restored from one checkpoint would share; it answers
+# "primed". "run" carries the code file to write, the output directory to
+# make and the run's argv; it then runs the script argv names (its first
+# argument that is not an option) as `python3 argv...` would, as __main__,
+# flushes and closes its stdio, writes "exit CODE" with the code the script
+# would have exited with, and exits. The agent takes that line as the end
+# of the run: the exit of an interpreter with numpy loaded takes
+# milliseconds inside gVisor that nobody needs to wait for.
+import fcntl
 import os
 import sys
 
@@ -42,30 +48,90 @@ def preload(names):
             os.close(fd)
 
 
-def read_command():
-    line = b""
-    while not line.endswith(b"\n"):
-        b = os.read(3, 1)
-        if not b:
-            return ""
-        line += b
-    return line.decode().strip()
+# The command and status descriptors move out of the program's way, to
+# descriptors it does not inherit: a cold `python3 main.py` has only 0-2.
+CMD = fcntl.fcntl(3, fcntl.F_DUPFD_CLOEXEC, 100)
+STATUS = fcntl.fcntl(4, fcntl.F_DUPFD_CLOEXEC, 100)
+DEVNULL = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+os.close(3)
+os.close(4)
+
+
+def read_message():
+    data = b""
+    while b"\n" not in data:
+        chunk = os.read(CMD, 65536)
+        if not chunk:
+            return "", b""
+        data += chunk
+    head, _, payload = data.partition(b"\n")
+    command, _, size = head.decode().partition(" ")
+    size = int(size or 0)
+    while len(payload) < size:
+        chunk = os.read(CMD, max(65536, size - len(payload)))
+        if not chunk:
+            return "", b""
+        payload += chunk
+    return command, payload
+
+
+def parse_run(payload):
+    name, mode, size, rest = payload.split(b"\0", 3)
+    size = int(size)
+    data, rest = rest[:size], rest[size:]
+    fields = rest.split(b"\0")
+    decode = lambda b: b.decode("utf-8", "surrogateescape")
+    return decode(name), int(mode or b"0", 8), data, decode(fields[0]), [decode(a) for a in fields[1:-1]]
+
+
+def write_code(name, mode, data):
+    # As the agent writes files: exactly mode, never through a link.
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def make_dir(path):
+    # As the agent does: each missing component with mode 0755.
+    done = ""
+    for part in path.split("/"):
+        done = os.path.join(done, part)
+        try:
+            os.mkdir(done, 0o755)
+        except FileExistsError:
+            pass
+        if os.path.islink(done) or not os.path.isdir(done):
+            raise OSError("create %s: %s is not a directory" % (path, done))
 
 
 def prime():
     import gc
+    import tempfile
+
     gc.collect()  # visits every tracked object: most of the heap
+    # Go once through what the run does, in a scratch directory of /tmp
+    # removed at once: restored memory is mapped back as it is first
+    # touched, and these paths would otherwise pay for it during the run.
+    scratch = tempfile.mkdtemp(prefix=".safe-run-prime-")
+    try:
+        write_code(os.path.join(scratch, "main.py"), 0o644, b"pass\n")
+        os.mkdir(os.path.join(scratch, "out"), 0o755)
+        os.path.islink(scratch) or os.path.isdir(scratch)
+        with open(os.path.join(scratch, "main.py"), "rb") as f:
+            compile(f.read(), "main.py", "exec")
+        see_new_packages()
+    except OSError:
+        pass
+    finally:
+        import shutil
 
-
-def read_argv():
-    data = b""
-    while True:
-        chunk = os.read(3, 65536)
-        if not chunk:
-            break
-        data += chunk
-    os.close(3)
-    return [a.decode("utf-8", "surrogateescape") for a in data.split(b"\0") if a]
+        shutil.rmtree(scratch, ignore_errors=True)
+    tempfile._name_sequence = None  # drew names above; reseeded anew
 
 
 def exit_code(e):
@@ -105,7 +171,9 @@ def see_new_packages():
     import site
 
     user_site = site.getusersitepackages()
-    if site.ENABLE_USER_SITE and user_site not in sys.path and os.path.isdir(user_site):
+    if not os.path.isdir(user_site):
+        return  # nothing was installed there
+    if site.ENABLE_USER_SITE and user_site not in sys.path:
         site.addsitedir(user_site)
     importlib.invalidate_caches()
 
@@ -128,6 +196,7 @@ def run(argv):
     main.__builtins__ = builtins
     sys.modules["__main__"] = main
     code = 0
+    interrupted = False
     try:
         with open(path, "rb") as f:
             source = f.read()
@@ -138,6 +207,7 @@ def run(argv):
         # Hide this driver's frame: the traceback starts in the user's file.
         traceback.print_exception(type(e), e, e.__traceback__.tb_next)
         code = 1
+        interrupted = isinstance(e, KeyboardInterrupt)
     # As at the interpreter's exit: wait for non-daemon threads, then run
     # the atexit functions.
     threading = sys.modules.get("threading")
@@ -152,28 +222,52 @@ def run(argv):
         code = exit_code(e)
     except BaseException:
         traceback.print_exc()
-    for stream in (sys.stdout, sys.stderr):
+    finish(code, interrupted)
+
+
+def finish(code, interrupted):
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             stream.flush()
         except BaseException:
             pass
+    # Close the stdio: what the program left running keeps only its own
+    # copies, which the agent does not wait for.
+    for fd in (0, 1, 2):
+        os.dup2(DEVNULL, fd)
+    if interrupted:
+        # As the interpreter ends after an uncaught KeyboardInterrupt:
+        # killed by SIGINT, which the agent sees as it would cold.
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os.write(STATUS, b"exit %d\n" % code)
     # Skip the interpreter's teardown of every module: the sandbox is
     # destroyed next, and nothing the user can see happens there.
     os._exit(code)
 
 
 preload([m for m in os.environ.pop("SAFE_RUN_PRELOAD", "").split(",") if m])
-os.write(4, b"ready\n")
+os.write(STATUS, b"ready\n")
 while True:
-    command = read_command()
+    command, payload = read_message()
     if command == "prime":
+        reseed()
         prime()
-        os.write(4, b"primed\n")
+        os.write(STATUS, b"primed\n")
         continue
     break
-os.close(4)
 if command != "run":
     os._exit(0)  # the agent is gone or confused; there is nothing to run
-argv = read_argv()
-reseed()
+os.close(CMD)
+name, mode, data, out_dir, argv = parse_run(payload)
+try:
+    if name:
+        write_code(name, mode, data)
+    if out_dir:
+        make_dir(out_dir)
+except OSError as e:
+    os.write(STATUS, ("fail write %r: %s\n" % (name, e)).encode("utf-8", "replace"))
+    os._exit(1)
 run(argv)

@@ -1,0 +1,418 @@
+//go:build linux
+
+package agent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strconv"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Inside gVisor every wake-up of a task costs 0.3–0.8 ms, while a system
+// call that does not block costs microseconds. So the agent watches a run
+// from one goroutine, the one that read the request, blocking in poll(2) on
+// every descriptor that can end or feed the run: the warm driver's report,
+// a pidfd that becomes readable when the program exits, and the output
+// pipes. A goroutine per pipe and the reaper's channel would each add a
+// hop between threads (the main goroutine is locked to the first thread,
+// see cmd/safe-run-agent), and so a wake-up, to every event.
+
+// lazyOutput is how long after its start a run's output pipes are left
+// unwatched: a program that ends within it (most warm runs) has its output
+// read once, at its end, instead of waking the agent for each write. A
+// program that writes more than a pipe holds (64 KiB) in that time waits
+// at most this long for the agent to start reading.
+const lazyOutput = 5 * time.Millisecond
+
+// child is a program the agent started and watches.
+type child struct {
+	pid  int
+	done <-chan unix.WaitStatus // from the reaper; see exited
+	// pidfd becomes readable when the program exits; where the kernel
+	// gives none, a pipe that exitPipe writes to stands in for it.
+	pidfd int
+	// report is the warm driver's status descriptor, on which it writes
+	// "exit CODE" once the program is over and its stdio closed; -1 for a
+	// program started cold.
+	report int
+	// stdout and stderr are the non-blocking read ends of its output
+	// pipes; -1 once closed.
+	stdout, stderr int
+}
+
+// supervised says how a run ended.
+type supervised struct {
+	ws       unix.WaitStatus
+	exited   bool // ws is the program's status
+	reported int  // the driver's exit code, if it reported one (exited false)
+	// failed is why the driver could not start the program, if it said so.
+	failed   string
+	timedOut bool
+	took     time.Duration // from the start to the end of the program
+}
+
+// supervise watches c until it ends or timeout passes, feeding its output to
+// the captures, then kills what the run left (killRun), takes what is
+// already in its pipes without waiting for anyone to close them, and closes
+// them. A driver's report ends the run as the program's exit would: the
+// driver reports after its program is over and it has flushed and closed
+// its stdio, and the exit itself can take milliseconds (with numpy loaded,
+// 7 ms inside gVisor) that nobody needs to wait for.
+func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *streamCapture) supervised {
+	start := time.Now()
+	deadline := start.Add(timeout)
+	eager := start.Add(lazyOutput)
+	var res supervised
+	var reportBuf []byte
+	buf := make([]byte, 32<<10)
+	fds := make([]unix.PollFd, 0, 4)
+	for {
+		now := time.Now()
+		if !now.Before(deadline) {
+			res.timedOut = true
+			break
+		}
+		wake := deadline
+		fds = fds[:0]
+		if c.report >= 0 {
+			fds = append(fds, unix.PollFd{Fd: int32(c.report), Events: unix.POLLIN})
+		}
+		if c.pidfd >= 0 {
+			fds = append(fds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
+		}
+		if now.Before(eager) {
+			wake = eager
+		} else {
+			for _, fd := range []int{c.stdout, c.stderr} {
+				if fd >= 0 {
+					fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+				}
+			}
+		}
+		ms := int((wake.Sub(now) + time.Millisecond - 1) / time.Millisecond)
+		if _, err := unix.Poll(fds, ms); err != nil && !errors.Is(err, unix.EINTR) {
+			// Not expected; fall back to waiting for the exit alone.
+			res.ws, res.exited = c.wait(deadline)
+			res.timedOut = !res.exited
+			break
+		}
+		ended := false
+		for _, p := range fds {
+			if p.Revents == 0 {
+				continue
+			}
+			switch int(p.Fd) {
+			case c.report:
+				n, err := unix.Read(c.report, buf)
+				if n > 0 {
+					reportBuf = append(reportBuf, buf[:n]...)
+					if code, fail, ok := parseReport(reportBuf); ok {
+						res.reported, res.failed, ended = code, fail, true
+						res.took = time.Since(start)
+					}
+				}
+				if n == 0 || (err != nil && !errors.Is(err, unix.EAGAIN)) {
+					// The driver closed it or died: its exit tells the rest.
+					unix.Close(c.report)
+					c.report = -1
+				}
+			case c.pidfd:
+				if ws, ok := c.reap(); ok {
+					res.ws, res.exited, ended = ws, true, true
+					res.took = time.Since(start)
+				} else {
+					time.Sleep(50 * time.Microsecond) // exited, not yet a zombie
+				}
+			case c.stdout:
+				c.stdout = readInto(c.stdout, buf, stdout)
+			case c.stderr:
+				c.stderr = readInto(c.stderr, buf, stderr)
+			}
+		}
+		if ended {
+			break
+		}
+	}
+	if res.timedOut {
+		s.killRun(c.pid) // and again below, as for any run
+		// As a cold run reports it: killed by SIGKILL at the timeout.
+		res.ws, res.exited = c.wait(time.Time{})
+		res.took = time.Since(start)
+	}
+	s.holdEvents()
+	if !res.timedOut && drainedAll(c, buf, stdout, stderr) {
+		// Nothing holds the pipes any more: no process of the run can add
+		// to its output, so its Exit need not wait for the kill of what the
+		// run left (a SIGKILL of a process with numpy loaded takes 2-4 ms
+		// inside gVisor). Serve kills it right after sending the Exit, and
+		// anything that must see the run's processes gone first (the
+		// collection of a non-empty output directory) kills it before.
+		s.pendingKill = c.pid
+	} else {
+		// Whatever the program left running goes now, or its pipes never
+		// close; then what it wrote up to its end is taken.
+		s.killRun(c.pid)
+		c.stdout = drainNow(c.stdout, buf, stdout)
+		c.stderr = drainNow(c.stderr, buf, stderr)
+	}
+	c.close()
+	return res
+}
+
+// drainedAll reads what c's pipes hold without waiting and says whether
+// both reached their end: every writer closed them.
+func drainedAll(c *child, buf []byte, stdout, stderr *streamCapture) bool {
+	eof := true
+	for _, p := range []struct {
+		fd *int
+		c  *streamCapture
+	}{{&c.stdout, stdout}, {&c.stderr, stderr}} {
+		for *p.fd >= 0 {
+			n, err := unix.Read(*p.fd, buf)
+			if n > 0 {
+				_ = p.c.add(buf[:n])
+				continue
+			}
+			if n == 0 && err == nil {
+				unix.Close(*p.fd)
+				*p.fd = -1
+				break
+			}
+			if !errors.Is(err, unix.EINTR) {
+				eof = false // EAGAIN: someone still holds it open
+				break
+			}
+		}
+	}
+	return eof
+}
+
+// killPending kills what the last run left, if its kill was put off until
+// after its Exit (see supervise).
+func (s *server) killPending() {
+	if s.pendingKill != 0 {
+		s.killRun(s.pendingKill)
+		s.pendingKill = 0
+	}
+}
+
+// parseReport finds the driver's last word in what it wrote on its status
+// descriptor: "exit CODE" (the program is over, its stdio closed) or
+// "fail MESSAGE" (the driver could not start the program).
+func parseReport(b []byte) (code int, fail string, ok bool) {
+	for {
+		line, rest, found := bytes.Cut(b, []byte("\n"))
+		if !found {
+			return 0, "", false
+		}
+		if n, isExit := bytes.CutPrefix(line, []byte("exit ")); isExit {
+			if code, err := strconv.Atoi(string(n)); err == nil {
+				return code & 0xff, "", true
+			}
+		}
+		if msg, isFail := bytes.CutPrefix(line, []byte("fail ")); isFail {
+			return 0, string(msg), true
+		}
+		b = rest
+	}
+}
+
+// readInto reads once from fd into c, and closes fd at its end.
+func readInto(fd int, buf []byte, c *streamCapture) int {
+	n, err := unix.Read(fd, buf)
+	if n > 0 {
+		_ = c.add(buf[:n])
+	}
+	if n == 0 || (err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR)) {
+		unix.Close(fd)
+		return -1
+	}
+	return fd
+}
+
+// maxDrain bounds what drainNow reads: more than any pipe holds (Linux
+// and gVisor cap pipe sizes at 1 MiB by default), so all that the program
+// wrote before its end, and no more from a process that keeps writing.
+const maxDrain = 1<<20 + 64<<10
+
+// drainNow reads what is in the pipe fd without waiting for more, and
+// closes it: a background process of the program that still holds the
+// pipe open, and escaped the kill, must not delay the run's end.
+func drainNow(fd int, buf []byte, c *streamCapture) int {
+	read := 0
+	for fd >= 0 {
+		n, err := unix.Read(fd, buf[:min(len(buf), maxDrain-read)])
+		if n > 0 {
+			_ = c.add(buf[:n])
+			if read += n; read < maxDrain {
+				continue
+			}
+		}
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		unix.Close(fd)
+		fd = -1
+	}
+	return fd
+}
+
+// reap takes the program's status once its pidfd said it exited: it
+// reaps the program itself unless the reaper got there first.
+func (c *child) reap() (unix.WaitStatus, bool) {
+	r := sharedReaper()
+	r.mu.Lock()
+	var ws unix.WaitStatus
+	pid, err := unix.Wait4(c.pid, &ws, unix.WNOHANG, nil)
+	if pid == c.pid && err == nil {
+		delete(r.waiting, c.pid)
+		r.mu.Unlock()
+		return ws, true
+	}
+	r.mu.Unlock()
+	select {
+	case ws := <-c.done:
+		return ws, true
+	default:
+		// Readable pidfd but no zombie yet; poll again.
+		return 0, false
+	}
+}
+
+// wait waits for the program's exit until deadline (zero: no limit).
+func (c *child) wait(deadline time.Time) (unix.WaitStatus, bool) {
+	for {
+		if c.pidfd >= 0 {
+			ms := -1
+			if !deadline.IsZero() {
+				if ms = int(time.Until(deadline) / time.Millisecond); ms <= 0 {
+					return 0, false
+				}
+			}
+			fds := []unix.PollFd{{Fd: int32(c.pidfd), Events: unix.POLLIN}}
+			if _, err := unix.Poll(fds, ms); err != nil && !errors.Is(err, unix.EINTR) {
+				c.closePidfd()
+				continue
+			}
+			if fds[0].Revents != 0 {
+				if ws, ok := c.reap(); ok {
+					return ws, true
+				}
+				time.Sleep(100 * time.Microsecond)
+			}
+			continue
+		}
+		var timeout <-chan time.Time
+		if !deadline.IsZero() {
+			t := time.NewTimer(time.Until(deadline))
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case ws := <-c.done:
+			return ws, true
+		case <-timeout:
+			return 0, false
+		}
+	}
+}
+
+func (c *child) closePidfd() {
+	if c.pidfd >= 0 {
+		unix.Close(c.pidfd)
+		c.pidfd = -1
+	}
+}
+
+// close closes every descriptor of c still open.
+func (c *child) close() {
+	c.closePidfd()
+	for _, fd := range []*int{&c.report, &c.stdout, &c.stderr} {
+		if *fd >= 0 {
+			unix.Close(*fd)
+			*fd = -1
+		}
+	}
+}
+
+// pipe returns a pipe whose read end, the agent's, does not block; the
+// write end, the program's, does.
+func pipe() (r, w int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, -1, err
+	}
+	if err := unix.SetNonblock(p[0], true); err != nil {
+		unix.Close(p[0])
+		unix.Close(p[1])
+		return -1, -1, err
+	}
+	return p[0], p[1], nil
+}
+
+// forkExec starts path as the program: in the workspace, in a process group
+// of its own, as the programs' user, with fds as its descriptors 0, 1, 2,
+// .... It uses syscall.ForkExec rather than os.StartProcess, whose first
+// call in a process probes the kernel's pidfd support (about 3 ms inside
+// gVisor), and asks the kernel for a pidfd when pidfd is non-nil. The
+// reaper is told of the pid before it can reap it.
+func (s *server) forkExec(path string, argv, env []string, fds []uintptr, pidfd *int) (pid int, done <-chan unix.WaitStatus, err error) {
+	attr := &syscall.ProcAttr{
+		Dir:   s.cfg.Workdir,
+		Env:   env,
+		Files: fds,
+		Sys:   &syscall.SysProcAttr{Setpgid: true, Credential: s.cfg.User, PidFD: pidfd},
+	}
+	s.reaper.mu.Lock() // hold reaping until the pid is registered
+	defer s.reaper.mu.Unlock()
+	pid, err = syscall.ForkExec(path, argv, attr)
+	if err != nil && pidfd != nil && (errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS)) {
+		// A kernel without CLONE_PIDFD: the reaper alone reports the exit.
+		*pidfd = -1
+		attr.Sys.PidFD = nil
+		pid, err = syscall.ForkExec(path, argv, attr)
+	}
+	if err != nil {
+		return 0, nil, err
+	}
+	return pid, s.reaper.expectLocked(pid), nil
+}
+
+// exitPipe stands in for a pidfd where the kernel has none: a pipe that
+// becomes readable once the reaper has reported the program's exit, and
+// the channel that then holds its status.
+func exitPipe(done <-chan unix.WaitStatus) (fd int, status <-chan unix.WaitStatus, err error) {
+	r, w, err := pipe()
+	if err != nil {
+		return -1, nil, err
+	}
+	ch := make(chan unix.WaitStatus, 1)
+	go func() {
+		ch <- <-done
+		unix.Close(w)
+	}()
+	return r, ch, nil
+}
+
+// watchExit gives c a descriptor that becomes readable when it exits:
+// pidfd if it is one, else a pidfd opened now, else exitPipe's.
+func (c *child) watchExit(pidfd int) error {
+	if pidfd < 0 {
+		pidfd, _ = unix.PidfdOpen(c.pid, 0)
+	}
+	if pidfd >= 0 {
+		c.pidfd = pidfd
+		return nil
+	}
+	fd, status, err := exitPipe(c.done)
+	if err != nil {
+		return fmt.Errorf("watch the program's exit: %w", err)
+	}
+	c.pidfd, c.done = fd, status
+	return nil
+}

@@ -1,0 +1,337 @@
+//go:build linux
+
+package agent_test
+
+import (
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/safe-run/safe-run/agent"
+)
+
+// coldRun runs argv with files as a cold one-shot sandbox would: no warm
+// interpreter.
+func coldRun(t *testing.T, files []agent.File, argv []string, stdin string) run {
+	t.Helper()
+	return serveOne(t, t.TempDir(), agent.Request{Files: files, Argv: argv, Stdin: []byte(stdin), Timeout: 5 * time.Second, OutputBytes: 1 << 20})
+}
+
+// sameEnd checks that a warm run ended as the cold run of the same program.
+func sameEnd(t *testing.T, name string, warm, cold run) {
+	t.Helper()
+	w, c := warm.exit, cold.exit
+	if w.Code != c.Code || w.Signal != c.Signal || w.TimedOut != c.TimedOut || w.Error != c.Error {
+		t.Errorf("%s: warm ended code %d signal %q timed out %v error %q; cold code %d signal %q timed out %v error %q",
+			name, w.Code, w.Signal, w.TimedOut, w.Error, c.Code, c.Signal, c.TimedOut, c.Error)
+	}
+	if !bytes.Equal(warm.stdout, cold.stdout) {
+		t.Errorf("%s: warm stdout %q, cold %q", name, warm.stdout, cold.stdout)
+	}
+}
+
+// TestWarmPythonEndsAsCold runs programs that end in every way a Python
+// program can, warm and cold, and checks that both end alike: exit codes
+// of SystemExit with an int, None or a string, os._exit (no report from
+// the driver), signals, KeyboardInterrupt (Python then kills itself with
+// SIGINT), atexit functions and non-daemon threads that print after the
+// program's end.
+func TestWarmPythonEndsAsCold(t *testing.T) {
+	tests := []struct{ name, code, stderr string }{
+		{"falls off the end", "print('a')\n", ""},
+		{"SystemExit int", "import sys\nprint('a')\nsys.exit(4)\n", ""},
+		{"SystemExit None", "raise SystemExit(None)\n", ""},
+		{"SystemExit str", "raise SystemExit('bye')\n", "bye"},
+		{"SystemExit over 255", "raise SystemExit(257)\n", ""},
+		{"exception", "x = 1\nraise ValueError('boom')\n", `main.py", line 2`},
+		{"os._exit", "import os\nprint('a', flush=True)\nos._exit(6)\n", ""},
+		{"signal", "import os, signal\nprint('a', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)\n", ""},
+		{"KeyboardInterrupt", "raise KeyboardInterrupt\n", "KeyboardInterrupt"},
+		{"atexit and threads", "import atexit, threading, time\natexit.register(lambda: print('atexit'))\n" +
+			"threading.Thread(target=lambda: (time.sleep(0.1), print('thread'))).start()\nprint('main')\n", ""},
+		{"atexit exit code", "import atexit, sys\natexit.register(lambda: sys.exit(9))\n", ""},
+		{"stdin", "import sys\nprint(sys.stdin.read().upper())\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := []agent.File{{Path: "main.py", Data: []byte(tt.code)}}
+			argv := []string{"python3", "-u", "main.py"}
+			_, warm := warmRun(t, "python", nil, files, argv, "in")
+			cold := coldRun(t, files, argv, "in")
+			sameEnd(t, tt.name, warm, cold)
+			if !strings.Contains(string(warm.stderr), tt.stderr) || !strings.Contains(string(cold.stderr), tt.stderr) {
+				t.Errorf("stderr lacks %q: warm %q, cold %q", tt.stderr, warm.stderr, cold.stderr)
+			}
+		})
+	}
+}
+
+// TestWarmNodeEndsAsCold is TestWarmPythonEndsAsCold for Node.
+func TestWarmNodeEndsAsCold(t *testing.T) {
+	tests := []struct{ name, code, stderr string }{
+		{"falls off the end", "console.log('a')\n", ""},
+		{"exitCode", "process.exitCode = 4\n", ""},
+		{"process.exit", "console.log('a'); process.exit(3); console.log('b')\n", ""},
+		{"exception", "const x = 1;\nthrow new Error('boom');\n", "main.js:2"},
+		{"async exception", "setTimeout(() => { throw new Error('later') }, 10)\n", "Error: later"},
+		{"unhandled rejection", "Promise.reject(new Error('rejected'))\n", "rejected"},
+		{"signal", "console.log('a'); process.kill(process.pid, 'SIGTERM')\n", ""},
+		{"exit listeners", "process.on('exit', (c) => console.log('exit', c)); setTimeout(() => process.on('exit', () => { console.log('late'); process.exitCode = 5 }), 10)\n", ""},
+		{"timers", "setTimeout(() => console.log('timer'), 50); console.log('main')\n", ""},
+		{"stdin", "console.log(require('fs').readFileSync(0, 'utf8').toUpperCase())\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := []agent.File{{Path: "main.js", Data: []byte(tt.code)}}
+			argv := []string{"node", "main.js"}
+			_, warm := warmRun(t, "node", nil, files, argv, "in")
+			cold := coldRun(t, files, argv, "in")
+			sameEnd(t, tt.name, warm, cold)
+			if !strings.Contains(string(warm.stderr), tt.stderr) || !strings.Contains(string(cold.stderr), tt.stderr) {
+				t.Errorf("stderr lacks %q: warm %q, cold %q", tt.stderr, warm.stderr, cold.stderr)
+			}
+		})
+	}
+}
+
+// TestWarmReportEndsTheRun checks that the driver's report, not the exit of
+// its process, ends a warm run: here the program forges the report and
+// then sleeps far beyond the test's deadline, which the agent would wait
+// for if it waited for the exit.
+func TestWarmReportEndsTheRun(t *testing.T) {
+	code := `import os, time
+print("reported", flush=True)
+for fd in range(100, 110):
+    try:
+        os.write(fd, b"exit 7\n")  # the driver's status descriptor is among these
+    except OSError:
+        pass
+time.sleep(60)
+`
+	_, r := warmRun(t, "python", nil, []agent.File{{Path: "main.py", Data: []byte(code)}}, []string{"python3", "-u", "main.py"}, "")
+	if r.exit.Code != 7 || r.exit.TimedOut || r.exit.Signal != "" || string(r.stdout) != "reported\n" {
+		t.Errorf("exit %+v, stdout %q; want code 7 from the report, with the output", r.exit, r.stdout)
+	}
+}
+
+// TestWarmDriverReportsAfterClosingStdio runs the Python and Node drivers
+// by hand, as the agent does, and checks the order at their end: the
+// program's output, then its stdio closed (EOF, as nothing else holds it),
+// then "exit CODE" on the status descriptor.
+func TestWarmDriverReportsAfterClosingStdio(t *testing.T) {
+	for _, tc := range []struct {
+		kind, bin, file, code string
+	}{
+		{"python", "python3", "main.py", "print('out')\nimport sys; sys.exit(5)\n"},
+		{"node", "node", "main.js", "console.log('out'); process.exitCode = 5\n"},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			if _, err := exec.LookPath(tc.bin); err != nil {
+				t.Skipf("no %s on this host", tc.bin)
+			}
+			dir := t.TempDir()
+			src, err := os.ReadFile(filepath.Join("drivers", map[string]string{"python": "warm.py", "node": "warm.js"}[tc.kind]))
+			if err != nil {
+				t.Fatal(err)
+			}
+			args := map[string][]string{"python": {"-u", "-c", string(src)}, "node": {"-e", string(src)}}[tc.kind]
+			cmd := exec.Command(tc.bin, args...)
+			cmd.Dir = dir
+			outR, outW, _ := os.Pipe()
+			cmdR, cmdW, _ := os.Pipe()
+			statR, statW, _ := os.Pipe()
+			cmd.Stdout, cmd.Stderr = outW, os.Stderr
+			cmd.ExtraFiles = []*os.File{cmdR, statW}
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer cmd.Process.Kill()
+			outW.Close()
+			cmdR.Close()
+			statW.Close()
+			status := make([]byte, 64)
+			if n, _ := statR.Read(status); string(status[:n]) != "ready\n" {
+				t.Fatalf("first answer %q, want ready", status[:n])
+			}
+			var payload bytes.Buffer
+			payload.WriteString(tc.file + "\x00644\x00")
+			payload.WriteString(strconv.Itoa(len(tc.code)) + "\x00" + tc.code)
+			payload.WriteString("\x00" + tc.bin + "\x00" + tc.file + "\x00")
+			if _, err := cmdW.Write(append([]byte("run "+strconv.Itoa(payload.Len())+"\n"), payload.Bytes()...)); err != nil {
+				t.Fatal(err)
+			}
+			cmdW.Close()
+			// The report comes only after stdout is closed, so reading
+			// stdout to its end first cannot miss the report's order.
+			out, _ := readAll(outR)
+			n, _ := statR.Read(status)
+			if string(out) != "out\n" || string(status[:n]) != "exit 5\n" {
+				t.Errorf("stdout %q then status %q; want %q, then %q", out, status[:n], "out\n", "exit 5\n")
+			}
+			fi, err := os.Stat(filepath.Join(dir, tc.file))
+			if err != nil || fi.Mode().Perm() != 0o644 {
+				t.Errorf("the driver's code file: %v, %v; want mode 0644", fi, err)
+			}
+			_ = cmd.Wait()
+		})
+	}
+}
+
+func readAll(f *os.File) ([]byte, error) {
+	var b bytes.Buffer
+	_, err := b.ReadFrom(f)
+	return b.Bytes(), err
+}
+
+// TestWarmBackgroundChildHoldsStdout checks that a child the program leaves
+// running with its stdout (here in a session of its own, so that it escapes
+// the agent's kill outside a sandbox) does not keep the run from ending,
+// and that all the main program wrote comes back.
+func TestWarmBackgroundChildHoldsStdout(t *testing.T) {
+	code := `import subprocess, os
+p = subprocess.Popen(["sleep", "30"], start_new_session=True)
+open("child.pid", "w").write(str(p.pid))
+print("main program output")
+`
+	dir := t.TempDir()
+	s := serve(t, agent.Config{Workdir: dir, OneShot: true},
+		agent.Request{Op: agent.OpWarm, Interpreter: "python", Timeout: 5 * time.Second},
+		agent.Request{Files: []agent.File{{Path: "main.py", Data: []byte(code)}}, Argv: []string{"python3", "-u", "main.py"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20},
+	)
+	if data, err := os.ReadFile(filepath.Join(dir, "child.pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+			killSleep(t, pid)
+		}
+	}
+	runs := s.runs(t)
+	if len(runs) != 2 || runs[1].exit.Code != 0 || string(runs[1].stdout) != "main program output\n" {
+		t.Fatalf("events: %s", dump(s.events))
+	}
+}
+
+// TestWarmCodeFile checks the file the driver writes for the run: the
+// request's bytes, its exact mode whatever the umask, and the output
+// directory made, as the agent makes them for a cold run.
+func TestWarmCodeFile(t *testing.T) {
+	for _, kind := range []string{"python", "node"} {
+		t.Run(kind, func(t *testing.T) {
+			bin := map[string]string{"python": "python3", "node": "node"}[kind]
+			if _, err := exec.LookPath(bin); err != nil {
+				t.Skipf("no %s on this host", bin)
+			}
+			file := map[string]string{"python": "main.py", "node": "main.js"}[kind]
+			var code string
+			if kind == "python" {
+				code = "import os\nprint(oct(os.stat(__file__).st_mode & 0o7777), os.path.isdir('out/plots'))\n"
+			} else {
+				code = "const fs = require('fs');\nconsole.log('0o' + (fs.statSync(__filename).mode & 0o7777).toString(8), fs.statSync('out/plots').isDirectory())\n"
+			}
+			dir := t.TempDir()
+			s := serve(t, agent.Config{Workdir: dir, OneShot: true},
+				agent.Request{Op: agent.OpWarm, Interpreter: kind, Timeout: 5 * time.Second},
+				agent.Request{Files: []agent.File{{Path: file, Data: []byte(code), Mode: 0o640}, {Path: "data/in.txt", Data: []byte("x")}},
+					Argv: []string{bin, file}, Timeout: 5 * time.Second, OutputBytes: 1 << 20,
+					Collect: &agent.Collect{Dir: "out/plots", MaxFiles: 10, MaxFileBytes: 100, MaxTotalBytes: 100}},
+			)
+			runs := s.runs(t)
+			if len(runs) != 2 {
+				t.Fatalf("events: %s", dump(s.events))
+			}
+			if got := string(runs[1].stdout); got != "0o640 True\n" && got != "0o640 true\n" {
+				t.Errorf("the program saw %q, want mode 0o640 and the output directory", got)
+			}
+			data, err := os.ReadFile(filepath.Join(dir, file))
+			if err != nil || string(data) != code {
+				t.Errorf("code file %q, %v; want the request's bytes", data, err)
+			}
+			if data, err := os.ReadFile(filepath.Join(dir, "data/in.txt")); err != nil || string(data) != "x" {
+				t.Errorf("the request's other file: %q, %v", data, err)
+			}
+			for _, d := range []string{"out", "out/plots"} {
+				fi, err := os.Stat(filepath.Join(dir, d))
+				if err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o755&^umask() {
+					t.Errorf("%s: %v %v; want a directory with mode %o", d, fi, err, 0o755&^umask())
+				}
+			}
+		})
+	}
+}
+
+func umask() os.FileMode {
+	// The agent, and so its drivers, run with the test's umask.
+	m := syscallUmask(0)
+	syscallUmask(m)
+	return os.FileMode(m)
+}
+
+// TestWarmPrimeReseeds checks that priming reseeds the generators a
+// sandbox restored from a checkpoint shares with its siblings. The preload
+// here seeds them with fixed values at import, as a checkpoint freezes
+// them; after a prime a run must draw other numbers and temporary names.
+func TestWarmPrimeReseeds(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this host")
+	}
+	lib := t.TempDir()
+	seed := "import random, tempfile\nrandom.seed(42)\nnext(tempfile._get_candidate_names())\n" +
+		"try:\n    import numpy\n    numpy.random.seed(42)\nexcept ImportError:\n    pass\n"
+	if err := os.WriteFile(filepath.Join(lib, "fixedseed.py"), []byte(seed), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := "import random, tempfile, sys\nprint(random.random(), next(tempfile._get_candidate_names()), " +
+		"sys.modules['numpy'].random.random() if 'numpy' in sys.modules else '-')\n"
+	// What the fixed seeds give, as a sandbox that was not reseeded would print.
+	frozen, err := exec.Command("python3", "-c", seed+"\n"+code).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm := agent.Request{Op: agent.OpWarm, Interpreter: "python", Preload: []string{"fixedseed"}, Env: []string{"PYTHONPATH=" + lib}, Timeout: 5 * time.Second}
+	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true}, warm, warm,
+		agent.Request{Files: []agent.File{{Path: "main.py", Data: []byte(code)}}, Argv: []string{"python3", "-u", "main.py"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20})
+	runs := s.runs(t)
+	if len(runs) != 3 || runs[2].exit.Code != 0 {
+		t.Fatalf("events: %s", dump(s.events))
+	}
+	got := strings.Fields(string(runs[2].stdout))
+	want := strings.Fields(string(frozen))
+	if len(got) != 3 || len(want) != 3 {
+		t.Fatalf("printed %q, frozen %q", runs[2].stdout, frozen)
+	}
+	for i, what := range []string{"random", "tempfile names", "numpy.random"} {
+		if got[i] == want[i] && got[i] != "-" {
+			t.Errorf("%s after a prime: %s, the same as the frozen generator's", what, got[i])
+		}
+	}
+}
+
+// TestWarmBashEndsAsCold checks that a Bash sandbox warmed up (its shell run
+// once beforehand) runs the script exactly as a cold one: the same process
+// layout, arguments, shell flags, exit code and traps.
+func TestWarmBashEndsAsCold(t *testing.T) {
+	tests := []struct{ name, code string }{
+		{"exit code", "echo \"$0\" \"$#\" \"$-\"; exit 3\n"},
+		{"trap", "trap 'echo trapped' EXIT\necho main\n"},
+		{"top-level return", "echo a\nreturn 2\necho b\n"},
+		{"caller and FUNCNAME", "caller; echo \"${FUNCNAME[*]}\" \"${#BASH_SOURCE[@]}\"\n"},
+		{"descriptors", "cd /proc/$$/fd && echo *\n"},
+		{"signal", "kill -TERM $$\n"},
+		{"stdin", "read -r line; echo \"got $line\"\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			files := []agent.File{{Path: "main.sh", Data: []byte(tt.code)}}
+			argv := []string{"bash", "main.sh"}
+			_, warm := warmRun(t, "bash", nil, files, argv, "in")
+			cold := coldRun(t, files, argv, "in")
+			sameEnd(t, tt.name, warm, cold)
+			if !bytes.Equal(warm.stderr, cold.stderr) {
+				t.Errorf("stderr: warm %q, cold %q", warm.stderr, cold.stderr)
+			}
+		})
+	}
+}
