@@ -26,16 +26,20 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	res := sandbox.Result{ExitCode: -1}
 	b := e.pool.take(job)
 	pooled := b != nil
+	// From here the run uses a CPU, and refills leave it to the run.
+	over := e.pool.runStarted()
 	if !pooled {
 		b, err = e.startBox(e.spec(job, false), "")
 	}
 	if err != nil {
+		over()
 		res = e.sandboxError(res, err)
 		res.DurationMS = time.Since(start).Milliseconds()
 		return res, nil
 	}
 	res.SandboxID = b.id()
 	res = e.runOnce(ctx, b, job, lang, res)
+	over()
 	if !pooled {
 		res = withNetwork(res, b.sb, true) // pooled sandboxes have no network
 	}
@@ -65,7 +69,13 @@ func (e *Engine) cleanUp(b *box, pooled bool) {
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
 func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
 	if b.current() == statusStarting {
-		if err := b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
+		observe := func(d time.Duration) {
+			e.pool.observeCold(job.Language, d)
+			if e.cfg.ObserveStart != nil {
+				e.cfg.ObserveStart(d)
+			}
+		}
+		if err := b.awaitReady(ctx, observe); err != nil {
 			if ctx.Err() != nil {
 				return outcome(res, job, nil, ending{cancelled: true}, 0)
 			}

@@ -302,6 +302,39 @@ func (c *runCgroup) memoryUsage() (int64, error) {
 	return n, nil
 }
 
+// CPU weights of a run's cgroup: background for a warm pool refill, which
+// takes only CPU that runs leave idle, and the kernel's default for any
+// other. v1 cpu.shares range 2..262144 (default 1024), v2 cpu.weight
+// 1..10000 (default 100).
+const (
+	cpuSharesBackground, cpuSharesDefault = "2", "1024"
+	cpuWeightBackground, cpuWeightDefault = "1", "100"
+)
+
+// setBackground gives the cgroup the lowest CPU weight, or, with false,
+// the default one. Without a cgroup it does nothing.
+func (c *runCgroup) setBackground(background bool) error {
+	var file, value string
+	switch {
+	case c.paths[""] != "":
+		file, value = filepath.Join(c.paths[""], "cpu.weight"), cpuWeightDefault
+		if background {
+			value = cpuWeightBackground
+		}
+	case c.paths["cpu"] != "":
+		file, value = filepath.Join(c.paths["cpu"], "cpu.shares"), cpuSharesDefault
+		if background {
+			value = cpuSharesBackground
+		}
+	default:
+		return nil
+	}
+	if err := os.WriteFile(file, []byte(value), 0); err != nil {
+		return fmt.Errorf("set CPU weight: %w", err)
+	}
+	return nil
+}
+
 // killAll kills every process in the cgroup — runsc, the gofer and the
 // sandbox, all of this run — until none is left or d has passed. Only the
 // run's own processes can be there: the shim put runsc in, and everything

@@ -79,3 +79,34 @@ func TestCgroupMemoryNow(t *testing.T) {
 		t.Error("memoryUsage without a cgroup: no error")
 	}
 }
+
+// TestCgroupBackground: a refill's cgroup gets the lowest CPU weight, and
+// the default one back when a run takes it (v1 cpu.shares, v2 cpu.weight).
+func TestCgroupBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, low, normal string
+		v2                      bool
+	}{{"v2", "cpu.weight", "1", "100", true}, {"v1", "cpu.shares", "2", "1024", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cg := &runCgroup{paths: map[string]string{"cpu": dir, "memory": t.TempDir()}}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			for _, step := range []struct {
+				background bool
+				want       string
+			}{{true, tc.low}, {false, tc.normal}} {
+				if err := cg.setBackground(step.background); err != nil {
+					t.Fatal(err)
+				}
+				if data, _ := os.ReadFile(filepath.Join(dir, tc.file)); string(data) != step.want {
+					t.Errorf("background %v: %s = %q, want %q", step.background, tc.file, data, step.want)
+				}
+			}
+		})
+	}
+	if err := (&runCgroup{}).setBackground(true); err != nil {
+		t.Errorf("without a cgroup: %v", err)
+	}
+}
