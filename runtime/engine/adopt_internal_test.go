@@ -24,6 +24,8 @@ func TestAdoptable(t *testing.T) {
 		{"exactly as soon: start cold", []*refill{at(refillTook - coldTook)}, refillTook, coldTook, -1},
 		{"overdue: it is sooner", []*refill{at(2 * time.Second)}, refillTook, coldTook, 0},
 		{"the oldest unclaimed one", []*refill{{start: now.Add(-time.Second), claimed: true}, at(400 * time.Millisecond), at(350 * time.Millisecond)}, refillTook, coldTook, 1},
+		{"a background refill: its progress is unknown", []*refill{{start: now.Add(-time.Second), background: true}}, refillTook, coldTook, -1},
+		{"the oldest at a run's priority", []*refill{{start: now.Add(-time.Second), background: true}, at(400 * time.Millisecond)}, refillTook, coldTook, 1},
 		{"every one claimed", []*refill{{start: now.Add(-time.Second), claimed: true}}, refillTook, coldTook, -1},
 		{"refills faster than cold starts", []*refill{at(0)}, 100 * time.Millisecond, coldTook, 0},
 		{"no refill measured yet", []*refill{at(2 * time.Second)}, 0, coldTook, -1},

@@ -133,8 +133,11 @@ type poolLang struct {
 // predicted from earlier ones.
 type refill struct {
 	start   time.Time
-	box     *box // once the backend has started it
-	claimed bool // a run waits for it: it runs at the priority of one
+	claimed bool // a run waits for it
+	// background says that it runs at a background priority
+	// (Prioritizer): how far it got then depends on the CPU runs left it,
+	// not on the time it has run, and no run waits for it.
+	background bool
 }
 
 func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
@@ -230,11 +233,8 @@ func (p *pool) take(job sandbox.Job) *box {
 					break
 				}
 				// It will be ready sooner than a cold start: it becomes
-				// this run's, at the priority of a run.
+				// this run's.
 				claim.claimed = true
-				if claim.box != nil {
-					foreground(claim.box)
-				}
 			}
 			wait = startTimeout
 		}
@@ -330,19 +330,23 @@ func average(avg, d time.Duration) time.Duration {
 
 // adoptable returns the refill under way that a run finding the pool empty
 // at now should wait for, or nil if it should start cold: the oldest one
-// no other run waits for, if it is expected to be ready before a cold
-// start would be — its expected duration minus the time it has run is
-// below a cold start's. Until both durations have been measured, runs
-// start cold, as they would without a pool. p.mu is held.
+// no other run waits for and that runs at a run's priority, if it is
+// expected to be ready before a cold start would be — its expected
+// duration minus the time it has run is below a cold start's. Until both
+// durations have been measured, runs start cold, as they would without a
+// pool. p.mu is held.
 //
 // Here a restore and its prime take about 430 ms on an idle host and a
-// cold sandbox is ready in 150-240 ms, so a run waits only for a restore
-// that is more than half done.
+// cold sandbox is ready in 150-240 ms, so a run would wait only for a
+// restore more than half done. A background refill's progress is not
+// known from its time (it got the CPU runs left idle, perhaps none): a
+// run that waited for one, measured, took 1-2 s where a cold start took
+// 0.3-0.5 s on the same loaded host, so runs never wait for those.
 func (pl *poolLang) adoptable(now time.Time) *refill {
 	if pl.refillTook == 0 || pl.coldTook == 0 {
 		return nil
 	}
-	i := slices.IndexFunc(pl.refills, func(r *refill) bool { return !r.claimed })
+	i := slices.IndexFunc(pl.refills, func(r *refill) bool { return !r.claimed && !r.background })
 	if i < 0 {
 		return nil
 	}
@@ -532,13 +536,10 @@ func (p *pool) startRefillBox(pl *poolLang, image string, r *refill) (*box, erro
 	if err != nil || r == nil {
 		return sp, err
 	}
+	_, background := sp.sb.(Prioritizer)
 	p.mu.Lock()
-	r.box = sp
-	urgent := r.claimed
+	r.background = background
 	p.mu.Unlock()
-	if urgent {
-		foreground(sp)
-	}
 	return sp, nil
 }
 
