@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // TestCgroupUsage reads a run's OOM kills and peak memory from fake cgroup
@@ -109,4 +111,40 @@ func TestCgroupBackground(t *testing.T) {
 	if err := (&runCgroup{}).setBackground(true); err != nil {
 		t.Errorf("without a cgroup: %v", err)
 	}
+}
+
+// BenchmarkCgroupUsage compares the end-of-run usage read through the
+// cgroup manager's GetStats (as it was) with the two files read directly,
+// on a real cgroup of this host (root only).
+func BenchmarkCgroupUsage(b *testing.B) {
+	if !HostRoot() {
+		b.Skip("needs root to create a cgroup")
+	}
+	layout, err := DetectCgroups()
+	if err != nil {
+		b.Skip(err)
+	}
+	limit := int64(256 << 20)
+	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cg.destroy()
+	b.Run("GetStats", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := cg.mgr.OOMKillCount(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := cg.mgr.GetStats(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := cg.usage(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
