@@ -161,9 +161,8 @@ func TestMCPMetricsWithoutPool(t *testing.T) {
 	if v := metricValue(t, metrics, `safe_run_runs_total{language="python",status="ok"}`); v != 1 {
 		t.Errorf("python runs = %v, want 1", v)
 	}
-	if v := metricValue(t, metrics, "safe_run_live_sandboxes"); v != 0 {
-		t.Errorf("live sandboxes = %v after the run, want 0", v)
-	}
+	// The run's sandbox is removed just after its result is sent.
+	waitUntil(t, 30*time.Second, func() bool { return metricValue(t, metrics, "safe_run_live_sandboxes") == 0 })
 	if v := metricValue(t, metrics, `safe_run_pool_sandboxes{language="python"}`); v != -1 {
 		t.Errorf("pool size reported (%v) without a pool", v)
 	}

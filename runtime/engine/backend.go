@@ -46,6 +46,19 @@ type StartSpec struct {
 	// NetworkLimits cap the sandbox's network, when Job.Network gives it
 	// one (the policy's NetworkLimits).
 	NetworkLimits egress.Limits
+	// Background starts the sandbox at the lowest CPU priority the
+	// backend has: it is a refill of the warm pool, which must use only
+	// CPU that runs leave idle. Prioritizer.Foreground raises it once a run
+	// needs it.
+	Background bool
+}
+
+// Prioritizer is the optional capability of a Sandbox started with
+// StartSpec.Background: it can raise the sandbox to the CPU priority of
+// any other.
+type Prioritizer interface {
+	// Foreground gives the sandbox the CPU priority of a run's sandbox.
+	Foreground()
 }
 
 // Sandbox is one started sandbox. Its agent speaks the protocol of package

@@ -92,7 +92,7 @@ func (p *pool) buildCheckpoint(c Checkpointer, pl *poolLang) (image string, buil
 	if image, err = c.FindCheckpoint(spec, pl.tag(p.cfg.Env)); err != nil || image != "" {
 		return image, false, err
 	}
-	sp, err := p.startCold(pl)
+	sp, err := p.startCold(pl, nil)
 	if err != nil {
 		return "", false, err
 	}
@@ -123,9 +123,10 @@ func (p *pool) restoreFailed(pl *poolLang, image string, err error) {
 	}
 }
 
-// restore starts a sandbox from image and checks that its agent answers.
-func (p *pool) restore(pl *poolLang, image string) (*box, error) {
-	sp, err := p.e.startBox(p.e.spec(pl.job, false), image)
+// restore starts a sandbox from image and checks that its agent answers;
+// r is its refill, if it is one.
+func (p *pool) restore(pl *poolLang, image string, r *refill) (*box, error) {
+	sp, err := p.startRefillBox(pl, image, r)
 	if err != nil {
 		return nil, err
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -344,6 +345,9 @@ func TestRunCancelledBeforeReady(t *testing.T) {
 	if err != nil || res.Status != sandbox.StatusKilled || !strings.Contains(res.Message, "cancelled") {
 		t.Errorf("Run: %v, %s: %s", err, res.Status, res.Message)
 	}
+	if err := e.Wait(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	if n := e.LiveSandboxes(); n != 0 {
 		t.Errorf("%d sandboxes live after the run", n)
 	}
@@ -383,25 +387,123 @@ func TestRunsInParallel(t *testing.T) {
 }
 
 // TestRunCleanupFailure: a run whose sandbox could not be removed keeps its
-// result, and says so; a failed run keeps its own message.
+// result as it was, reported before the removal, and the failure is
+// logged; Wait returns once the removal is over.
 func TestRunCleanupFailure(t *testing.T) {
-	b := newFake(replies(func(a *fakeAgent, req agent.Request) []agent.Event {
-		if string(req.Files[0].Data) == "fail" {
-			return exit(agent.Exit{Code: -1, Signal: "SIGSEGV"})
+	for _, tc := range []struct {
+		code    string
+		status  sandbox.Status
+		message string
+	}{
+		{"x", sandbox.StatusError, "the program exited with code 2"},
+		{"fail", sandbox.StatusKilled, "the program was killed by SIGSEGV"},
+	} {
+		b := newFake(replies(func(a *fakeAgent, req agent.Request) []agent.Event {
+			if string(req.Files[0].Data) == "fail" {
+				return exit(agent.Exit{Code: -1, Signal: "SIGSEGV"})
+			}
+			return exit(agent.Exit{Code: 2})
+		}))
+		b.destroyErr = errors.New("cgroup busy")
+		var logged lockedBuffer
+		e := newEngine(t, b, engine.Config{Logger: slog.New(slog.NewTextHandler(&logged, nil))})
+		res, err := e.Run(context.Background(), sandbox.Job{Language: "python", Code: tc.code})
+		if err != nil || res.Status != tc.status || res.Message != tc.message {
+			t.Errorf("Run %q: %v, %s: %q; want %s: %q", tc.code, err, res.Status, res.Message, tc.status, tc.message)
 		}
-		return exit(agent.Exit{Code: 2})
-	}))
-	b.destroyErr = errors.New("cgroup busy")
-	e := newEngine(t, b, engine.Config{})
-	res, err := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"})
-	if err != nil || res.Status != sandbox.StatusError || res.ExitCode != 2 ||
-		res.Message != "the run finished, but cleaning up its sandbox failed: cgroup busy" {
-		t.Errorf("Run: %v, %s %d: %q", err, res.Status, res.ExitCode, res.Message)
+		if err := e.Wait(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		// Logged just after the backend counts the sandbox gone.
+		eventually(t, "the failed removal is logged", func() bool {
+			log := logged.String()
+			return strings.Contains(log, "clean up sandbox after its run") && strings.Contains(log, "cgroup busy")
+		})
 	}
-	res, _ = e.Run(context.Background(), sandbox.Job{Language: "python", Code: "fail"})
-	if res.Status != sandbox.StatusKilled || res.Message != "the program was killed by SIGSEGV" {
-		t.Errorf("a killed run whose cleanup failed: %s: %q", res.Status, res.Message)
+}
+
+// TestRunReportsBeforeCleanup: a one-shot run's result comes back while its
+// sandbox is still being removed, and Wait waits for the removal.
+func TestRunReportsBeforeCleanup(t *testing.T) {
+	for _, pool := range []int{0, 1} {
+		release := make(chan struct{})
+		b := newFake(printCode)
+		held := &heldDestroy{fakeBackend: b, release: release}
+		e := newEngine(t, held, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": pool}}})
+		if pool > 0 {
+			eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+		}
+		done := make(chan sandbox.Result, 1)
+		go func() {
+			res, _ := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"})
+			done <- res
+		}()
+		var res sandbox.Result
+		select {
+		case res = <-done:
+		case <-time.After(10 * time.Second): // only catches a run that waits for the held removal
+			close(release)
+			t.Fatalf("pool %d: the run waits for its sandbox's removal", pool)
+		}
+		if res.Status != sandbox.StatusOK {
+			t.Fatalf("pool %d: Run: %s: %s", pool, res.Status, res.Message)
+		}
+		if sb := b.sandbox(res.SandboxID); sb.isDestroyed() {
+			t.Errorf("pool %d: the sandbox was removed before the result came back", pool)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		if err := e.Wait(ctx); err == nil {
+			t.Errorf("pool %d: Wait returned while a removal was held", pool)
+		}
+		cancel()
+		close(release)
+		e.Close()
+		if err := e.Wait(context.Background()); err != nil || !b.sandbox(res.SandboxID).isDestroyed() {
+			t.Errorf("pool %d: after Wait (%v), the run's sandbox is not destroyed", pool, err)
+		}
 	}
+}
+
+// heldDestroy holds every Destroy of its sandboxes until release closes.
+type heldDestroy struct {
+	*fakeBackend
+	release chan struct{}
+}
+
+func (h *heldDestroy) Start(spec engine.StartSpec) (engine.Sandbox, error) {
+	sb, err := h.fakeBackend.Start(spec)
+	if err != nil {
+		return nil, err
+	}
+	return &heldSandbox{sb.(*fakeSandbox), h.release}, nil
+}
+
+type heldSandbox struct {
+	*fakeSandbox
+	release chan struct{}
+}
+
+func (s *heldSandbox) Destroy() error {
+	<-s.release
+	return s.fakeSandbox.Destroy()
+}
+
+// lockedBuffer is a bytes.Buffer safe for concurrent writes, for logs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestPoolCloseDuringBackoff: while the pool's refills fail, runs start

@@ -121,6 +121,8 @@ func ExampleEngine_Run() {
 	}
 	fmt.Println(res.Status, res.ExitCode, res.SandboxID)
 	fmt.Println(res.Stdout)
+	// The sandbox is removed in the background once the result is known.
+	_ = e.Wait(context.Background())
 	fmt.Println("live sandboxes:", e.LiveSandboxes())
 	// Output:
 	// ok 0 echo-1

@@ -141,12 +141,18 @@ type fakeSandbox struct {
 
 	markMu sync.Mutex
 	marks  []string // MarkPooled calls, in order
+
+	foreground atomic.Bool // Foreground was called
 }
 
 var (
-	_ engine.Sandbox    = (*fakeSandbox)(nil)
-	_ engine.PoolMarker = (*fakeSandbox)(nil)
+	_ engine.Sandbox     = (*fakeSandbox)(nil)
+	_ engine.PoolMarker  = (*fakeSandbox)(nil)
+	_ engine.Prioritizer = (*fakeSandbox)(nil)
 )
+
+// Foreground records that the sandbox was raised to a run's priority.
+func (s *fakeSandbox) Foreground() { s.foreground.Store(true) }
 
 func (s *fakeSandbox) ID() string                { return s.id }
 func (s *fakeSandbox) Requests() io.Writer       { return s.reqW }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
@@ -41,16 +42,26 @@ type PoolConfig struct {
 	// sandbox.Job.Env): some of it, such as PYTHONHASHSEED, is fixed when an
 	// interpreter starts, so only jobs with this same Env are served.
 	Env []string
-	// Refills is how many sandboxes the pool starts at once; 0 means one.
-	// A server keeps one, so that refills never crowd out the runs they
-	// serve; a batch of runs (safe-run check) that keeps several workers
-	// busy needs as many refills in flight to keep up.
+	// Refills bounds how many sandboxes the pool starts at once; 0 means
+	// CPUs. Whatever the bound, a refill starts only while runs and other
+	// refills leave a CPU free (see CPUs), and refills run at the lowest
+	// CPU priority where the backend has priorities (Prioritizer), so that
+	// they use idle CPU and never crowd out the runs they serve.
 	Refills int
+	// CPUs is how many CPUs runs and refills share; 0 means
+	// runtime.NumCPU(). A refill starts only while fewer one-shot runs and
+	// refills than that are under way.
+	CPUs int
 	// AwaitRefill, if set, makes a run that finds its language's pool
 	// empty while a refill is under way wait up to this long for it,
 	// rather than start cold beside it: for a batch, where a refill
 	// (usually a restore) is faster than a cold start and the CPU is
 	// shared anyway.
+	//
+	// Without it, such a run takes a refill under way only when the pool
+	// expects it to be ready sooner than a cold start would be (from the
+	// durations it has seen of both; see adoptable), and starts cold
+	// otherwise.
 	AwaitRefill time.Duration
 }
 
@@ -70,12 +81,17 @@ const refillBackoff = 30 * time.Second
 // PoolConfig.Refills at a time (one by default): the rate is bounded by
 // that many sandboxes starting at any moment.
 type pool struct {
-	e   *Engine
-	cfg PoolConfig
+	e    *Engine
+	cfg  PoolConfig
+	cpus int
 
 	mu     sync.Mutex
 	langs  map[string]*poolLang
 	closed bool
+	// running counts the one-shot runs under way (from the moment they
+	// have a sandbox, pooled or cold, until their result), which refills
+	// leave their CPUs to.
+	running int
 	// starting serialises starts outside the filler (OnDemand), since a
 	// language's checkpoint state belongs to one start at a time.
 	starting sync.Mutex
@@ -99,10 +115,29 @@ type poolLang struct {
 	preload []string
 	size    int
 	ready   []*box
-	filling int   // refills under way
-	memory  int64 // memory of one ready sandbox, as last measured
-	fails   int   // refills failed in a row
+	filling int       // refills under way
+	refills []*refill // those of them that have begun starting a sandbox, oldest first
+	memory  int64     // memory of one ready sandbox, as last measured
+	fails   int       // refills failed in a row
 	ckpt    checkpointState
+	// refillTook and coldTook are moving averages, zero until measured, of
+	// how long a refill took from the start of its sandbox until ready,
+	// and a one-shot run's sandbox of this language from its start until
+	// its agent answered: what decides whether a run that finds the pool
+	// empty waits for a refill under way.
+	refillTook, coldTook time.Duration
+}
+
+// refill is one refill under way, once it starts its sandbox: the
+// checkpoint it restores from is known by then, so its duration can be
+// predicted from earlier ones.
+type refill struct {
+	start   time.Time
+	claimed bool // a run waits for it
+	// background says that it runs at a background priority
+	// (Prioritizer): how far it got then depends on the CPU runs left it,
+	// not on the time it has run, and no run waits for it.
+	background bool
 }
 
 func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
@@ -110,7 +145,10 @@ func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 		cfg.MemoryBytes = DefaultPoolMemory
 	}
 	p := &pool{e: e, cfg: cfg, langs: map[string]*poolLang{}, wake: make(chan struct{}, 1), done: make(chan struct{}),
-		refilled: make(chan struct{})}
+		refilled: make(chan struct{}), cpus: cfg.CPUs}
+	if p.cpus <= 0 {
+		p.cpus = runtime.NumCPU()
+	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, name := range slices.Sorted(maps.Keys(cfg.Size)) {
 		size := cfg.Size[name]
@@ -134,7 +172,10 @@ func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
 		close(p.done)
 		return p, nil
 	}
-	refills := max(1, cfg.Refills)
+	refills := cfg.Refills
+	if refills <= 0 {
+		refills = p.cpus
+	}
 	var fillers sync.WaitGroup
 	for range refills {
 		fillers.Add(1)
@@ -176,17 +217,30 @@ func (p *pool) take(job sandbox.Job) *box {
 		return p.restoreNow(pl)
 	}
 	var deadline <-chan time.Time
+	var claim *refill // the refill this run waits for, without AwaitRefill
 	for {
 		sp := p.takeReady(pl)
 		if sp != nil {
 			return sp
 		}
-		if p.cfg.AwaitRefill <= 0 || pl.filling == 0 || p.closed {
+		if pl.filling == 0 || p.closed {
 			break
+		}
+		wait := p.cfg.AwaitRefill
+		if wait <= 0 {
+			if claim == nil || !slices.Contains(pl.refills, claim) {
+				if claim = pl.adoptable(time.Now()); claim == nil {
+					break
+				}
+				// It will be ready sooner than a cold start: it becomes
+				// this run's.
+				claim.claimed = true
+			}
+			wait = startTimeout
 		}
 		// A refill is under way: wait for it rather than start cold.
 		if deadline == nil {
-			t := time.NewTimer(p.cfg.AwaitRefill)
+			t := time.NewTimer(wait)
 			defer t.Stop()
 			deadline = t.C
 		}
@@ -218,9 +272,11 @@ func (p *pool) takeReady(pl *poolLang) *box {
 			go sp.destroy()
 			continue
 		}
-		// The replacement starts when this run is over (see released):
-		// started now, it would compete with the run for the CPU.
 		markPooled(sp, "")
+		foreground(sp)
+		// The replacement may start at once if a CPU is free for it (see
+		// next); it runs at a low priority, and the run comes first.
+		p.poke()
 		return sp
 	}
 	return nil
@@ -234,6 +290,81 @@ func (p *pool) released() {
 	}
 }
 
+// runStarted counts a one-shot run as under way: refills leave it its CPU.
+// It returns the call that counts it over.
+func (p *pool) runStarted() (over func()) {
+	if p == nil {
+		return func() {}
+	}
+	p.mu.Lock()
+	p.running++
+	p.mu.Unlock()
+	return func() {
+		p.mu.Lock()
+		p.running--
+		p.mu.Unlock()
+		p.poke() // a CPU is free: a refill may start
+	}
+}
+
+// observeCold records how long a one-shot run's sandbox of language took
+// from its start until its agent answered.
+func (p *pool) observeCold(language string, d time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pl := p.langs[language]; pl != nil {
+		pl.coldTook = average(pl.coldTook, d)
+	}
+}
+
+// average moves a moving average avg (zero: none yet) towards d.
+func average(avg, d time.Duration) time.Duration {
+	if avg == 0 {
+		return d
+	}
+	return (3*avg + d) / 4
+}
+
+// adoptable returns the refill under way that a run finding the pool empty
+// at now should wait for, or nil if it should start cold: the oldest one
+// no other run waits for and that runs at a run's priority, if it is
+// expected to be ready before a cold start would be — its expected
+// duration minus the time it has run is below a cold start's. Until both
+// durations have been measured, runs start cold, as they would without a
+// pool. p.mu is held.
+//
+// Here a restore and its prime take about 430 ms on an idle host and a
+// cold sandbox is ready in 150-240 ms, so a run would wait only for a
+// restore more than half done. A background refill's progress is not
+// known from its time (it got the CPU runs left idle, perhaps none): a
+// run that waited for one, measured, took 1-2 s where a cold start took
+// 0.3-0.5 s on the same loaded host, so runs never wait for those.
+func (pl *poolLang) adoptable(now time.Time) *refill {
+	if pl.refillTook == 0 || pl.coldTook == 0 {
+		return nil
+	}
+	i := slices.IndexFunc(pl.refills, func(r *refill) bool { return !r.claimed && !r.background })
+	if i < 0 {
+		return nil
+	}
+	r := pl.refills[i]
+	if remaining := pl.refillTook - now.Sub(r.start); remaining >= pl.coldTook {
+		return nil
+	}
+	return r
+}
+
+// foreground raises sp to the CPU priority of any run, if its backend has
+// priorities.
+func foreground(sp *box) {
+	if f, ok := sp.sb.(Prioritizer); ok {
+		f.Foreground()
+	}
+}
+
 // restoreNow restores a sandbox for pl from its checkpoint, building the
 // image first if needed, or returns nil: only a restore beats a cold start.
 func (p *pool) restoreNow(pl *poolLang) *box {
@@ -243,7 +374,7 @@ func (p *pool) restoreNow(pl *poolLang) *box {
 	if image == "" {
 		return nil
 	}
-	sp, err := p.restore(pl, image)
+	sp, err := p.restore(pl, image, nil)
 	if err != nil {
 		p.restoreFailed(pl, image, err)
 		return nil
@@ -261,7 +392,8 @@ func sameBundle(a, b sandbox.Limits) bool {
 }
 
 // next picks the language to refill: the one furthest below its size whose
-// next sandbox fits the memory budget. It returns nil if there is none.
+// next sandbox fits the memory budget. It returns nil if there is none, or
+// if runs and refills under way already take every CPU.
 func (p *pool) next() *poolLang {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -269,8 +401,13 @@ func (p *pool) next() *poolLang {
 		return nil
 	}
 	var used int64
+	busy := p.running
 	for _, pl := range p.langs {
 		used += int64(len(pl.ready)+pl.filling) * pl.memory
+		busy += pl.filling
+	}
+	if busy >= p.cpus {
+		return nil // poked again when a run or a refill ends
 	}
 	var best *poolLang
 	for _, name := range slices.Sorted(maps.Keys(p.langs)) {
@@ -306,8 +443,8 @@ func (p *pool) fill() {
 		pl.filling--
 		if err != nil {
 			pl.fails++
-			p.mu.Unlock()
 			wait := min(refillBackoff, time.Second<<min(pl.fails-1, 5))
+			p.mu.Unlock()
 			if p.ctx.Err() == nil {
 				p.e.log.Error("refill the warm pool", "language", pl.lang.Name, "err", err, "retry_in", wait)
 			}
@@ -319,6 +456,7 @@ func (p *pool) fill() {
 			}
 		}
 		pl.fails = 0
+		p.poke() // its CPU is free for another refill
 		if p.closed {
 			p.mu.Unlock()
 			_ = sp.destroy()
@@ -348,15 +486,17 @@ func (p *pool) start(pl *poolLang) (*box, error) {
 	p.ckptMu.Lock()
 	image := p.checkpoint(pl)
 	p.ckptMu.Unlock()
+	r := p.begin(pl)
+	defer p.end(pl, r, &sp)
 	if image != "" {
-		if sp, err = p.restore(pl, image); err != nil {
+		if sp, err = p.restore(pl, image, r); err != nil {
 			p.ckptMu.Lock()
 			p.restoreFailed(pl, image, err)
 			p.ckptMu.Unlock()
 		}
 	}
 	if sp == nil {
-		if sp, err = p.startCold(pl); err != nil {
+		if sp, err = p.startCold(pl, r); err != nil {
 			return nil, err
 		}
 	}
@@ -368,10 +508,45 @@ func (p *pool) start(pl *poolLang) (*box, error) {
 	return sp, nil
 }
 
+// begin records a refill of pl as starting its sandbox now.
+func (p *pool) begin(pl *poolLang) *refill {
+	r := &refill{start: time.Now()}
+	p.mu.Lock()
+	pl.refills = append(pl.refills, r)
+	p.mu.Unlock()
+	return r
+}
+
+// end records the refill r of pl as over, with *sp its sandbox or nil.
+func (p *pool) end(pl *poolLang, r *refill, sp **box) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl.refills = slices.DeleteFunc(pl.refills, func(o *refill) bool { return o == r })
+	if *sp != nil {
+		pl.refillTook = average(pl.refillTook, time.Since(r.start))
+	}
+}
+
+// startRefillBox starts the sandbox of refill r (nil: of a run, or of a
+// checkpoint) at the priority r calls for.
+func (p *pool) startRefillBox(pl *poolLang, image string, r *refill) (*box, error) {
+	spec := p.e.spec(pl.job, false)
+	spec.Background = r != nil
+	sp, err := p.e.startBox(spec, image)
+	if err != nil || r == nil {
+		return sp, err
+	}
+	_, background := sp.sb.(Prioritizer)
+	p.mu.Lock()
+	r.background = background
+	p.mu.Unlock()
+	return sp, nil
+}
+
 // startCold starts a sandbox, waits for its agent, and warms its
-// interpreter.
-func (p *pool) startCold(pl *poolLang) (*box, error) {
-	sp, err := p.e.startBox(p.e.spec(pl.job, false), "")
+// interpreter; r is its refill, if it is one.
+func (p *pool) startCold(pl *poolLang, r *refill) (*box, error) {
+	sp, err := p.startRefillBox(pl, "", r)
 	if err != nil {
 		return nil, err
 	}

@@ -37,18 +37,19 @@ func (h *heldWarms) handler() handler {
 func (h *heldWarms) free() { h.once.Do(func() { close(h.release) }) }
 
 // TestPoolRefillsInParallel: a pool with Refills N starts up to N
-// sandboxes at once; the default starts one at a time.
+// sandboxes at once, and never more than CPUs; Refills 0 starts as many as
+// there are CPUs.
 func TestPoolRefillsInParallel(t *testing.T) {
 	for _, tc := range []struct {
-		refills, want int
-	}{{0, 1}, {1, 1}, {3, 3}} {
+		refills, cpus, want int
+	}{{0, 3, 3}, {0, 1, 1}, {1, 3, 1}, {3, 3, 3}, {3, 2, 2}} {
 		h := &heldWarms{release: make(chan struct{})}
 		b := newFake(h.handler())
-		e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 3}, Refills: tc.refills}})
+		e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 3}, Refills: tc.refills, CPUs: tc.cpus}})
 		eventually(t, "the refills start", func() bool { return h.now.Load() == int64(tc.want) })
 		time.Sleep(50 * time.Millisecond) // would a further one start? (not a timing assertion: it may only add)
 		if got := h.most.Load(); got != int64(tc.want) {
-			t.Errorf("Refills %d: %d refills at once, want %d", tc.refills, got, tc.want)
+			t.Errorf("Refills %d, CPUs %d: %d refills at once, want %d", tc.refills, tc.cpus, got, tc.want)
 		}
 		h.free()
 		eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 3 })

@@ -12,9 +12,11 @@ import (
 	"github.com/safe-run/safe-run/sandbox"
 )
 
-// Run runs job in a fresh sandbox and destroys the sandbox afterwards. It
-// returns an error only for an invalid job (*sandbox.InputError); every
-// other failure is a Result with status sandbox_error.
+// Run runs job in a fresh sandbox and destroys the sandbox afterwards, in
+// the background once the result is known (Wait waits for it; a failure
+// to remove it is logged). It returns an error only for an invalid job
+// (*sandbox.InputError); every other failure is a Result with status
+// sandbox_error.
 func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, error) {
 	job, lang, err := e.cfg.Policy.Check(job)
 	if err != nil {
@@ -24,47 +26,56 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	res := sandbox.Result{ExitCode: -1}
 	b := e.pool.take(job)
 	pooled := b != nil
+	// From here the run uses a CPU, and refills leave it to the run.
+	over := e.pool.runStarted()
 	if !pooled {
 		b, err = e.startBox(e.spec(job, false), "")
 	}
-	switch {
-	case err != nil:
+	if err != nil {
+		over()
 		res = e.sandboxError(res, err)
-	case pooled:
-		res.SandboxID = b.id()
-		res = e.runOnce(ctx, b, job, lang, res)
-		// Logged before the removal starts, which adds to b.phases.
-		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
-			"pooled", true, slog.Group("ms_since_start", b.phases...))
-		// The result is complete: the caller need not wait for the
-		// sandbox's removal, which Wait still accounts for.
-		go func() {
-			if err := b.destroy(); err != nil {
-				b.log.Error("clean up pooled sandbox", "err", err)
-			}
-			e.pool.released()
-		}()
-	default:
-		res.SandboxID = b.id()
-		res = e.runOnce(ctx, b, job, lang, res)
-		res = withNetwork(res, b.sb, true)
-		if err := b.destroy(); err != nil {
-			b.log.Error("clean up sandbox", "err", err)
-			if res.Status == sandbox.StatusOK || res.Status == sandbox.StatusError {
-				res.Message = "the run finished, but cleaning up its sandbox failed: " + err.Error()
-			}
-		}
-		b.log.Debug("run finished", "language", job.Language, "status", res.Status,
-			"exit_code", res.ExitCode, slog.Group("ms_since_start", b.phases...))
+		res.DurationMS = time.Since(start).Milliseconds()
+		return res, nil
 	}
+	res.SandboxID = b.id()
+	res = e.runOnce(ctx, b, job, lang, res)
+	over()
+	if !pooled {
+		res = withNetwork(res, b.sb, true) // pooled sandboxes have no network
+	}
+	// Logged before the removal starts, which adds to b.phases.
+	b.log.Debug("run finished", "language", job.Language, "status", res.Status, "exit_code", res.ExitCode,
+		"pooled", pooled, slog.Group("ms_since_start", b.phases...))
+	// The result is complete: the caller need not wait for the sandbox's
+	// removal (5-10 ms), which Wait still accounts for, so that a server
+	// or the CLI exits only once it is over. A removal that fails is
+	// logged, not reported in the result, which has gone by then.
+	go e.cleanUp(b, pooled)
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// cleanUp destroys the sandbox of a run whose result was reported and,
+// for a pooled one, lets the pool refill.
+func (e *Engine) cleanUp(b *box, pooled bool) {
+	if err := b.destroy(); err != nil {
+		b.log.Error("clean up sandbox after its run", "err", err)
+	}
+	if pooled {
+		e.pool.released()
+	}
 }
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
 func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
 	if b.current() == statusStarting {
-		if err := b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
+		observe := func(d time.Duration) {
+			e.pool.observeCold(job.Language, d)
+			if e.cfg.ObserveStart != nil {
+				e.cfg.ObserveStart(d)
+			}
+		}
+		if err := b.awaitReady(ctx, observe); err != nil {
 			if ctx.Err() != nil {
 				return outcome(res, job, nil, ending{cancelled: true}, 0)
 			}

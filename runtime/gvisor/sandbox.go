@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -46,6 +47,8 @@ type sandboxProc struct {
 
 	restore string // the checkpoint image the sandbox starts from, if any
 
+	background atomic.Bool // started at the background CPU weight and not yet raised
+
 	exited      chan struct{} // closed when runsc has exited
 	runscStatus int           // its exit status, -1 if killed; read after exited closes
 
@@ -54,8 +57,9 @@ type sandboxProc struct {
 }
 
 var (
-	_ engine.Sandbox    = (*sandboxProc)(nil)
-	_ engine.PoolMarker = (*sandboxProc)(nil)
+	_ engine.Sandbox     = (*sandboxProc)(nil)
+	_ engine.PoolMarker  = (*sandboxProc)(nil)
+	_ engine.Prioritizer = (*sandboxProc)(nil)
 )
 
 func (p *sandboxProc) ID() string                { return p.id }
@@ -120,7 +124,27 @@ func (g *Backend) startSandbox(spec engine.StartSpec, restore string) (*sandboxP
 		}
 		return nil, fmt.Errorf("start sandbox %s: %w", p.id, err)
 	}
+	if spec.Background {
+		// A refill: it takes only the CPU runs leave idle until a run
+		// needs it (Foreground). runsc has just started; its first
+		// milliseconds at the default weight do not matter.
+		p.background.Store(true)
+		if err := p.cg.setBackground(true); err != nil {
+			p.log.Warn("start a refill in the background", "err", err)
+		}
+	}
 	return p, nil
+}
+
+// Foreground gives a sandbox started in the background the CPU weight of
+// any other run.
+func (p *sandboxProc) Foreground() {
+	if !p.background.CompareAndSwap(true, false) {
+		return
+	}
+	if err := p.cg.setBackground(false); err != nil {
+		p.log.Warn("raise a refill to the foreground", "err", err)
+	}
 }
 
 func (p *sandboxProc) setUp(start engine.StartSpec) error {

@@ -1,0 +1,107 @@
+package engine_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/safe-run/safe-run/agent"
+	"github.com/safe-run/safe-run/runtime/engine"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// holdRuns answers like printCode, except that a run of the code "hold"
+// answers only once release is closed.
+func holdRuns(release <-chan struct{}) handler {
+	return func(a *fakeAgent, req agent.Request) []agent.Event {
+		if req.Op == agent.OpRun && len(req.Files) > 0 && string(req.Files[0].Data) == "hold" {
+			<-release
+		}
+		return printCode(a, req)
+	}
+}
+
+// runAsync runs job and sends its result on the returned channel.
+func runAsync(e *engine.Engine, job sandbox.Job) <-chan sandbox.Result {
+	done := make(chan sandbox.Result, 1)
+	go func() {
+		res, _ := e.Run(context.Background(), job)
+		done <- res
+	}()
+	return done
+}
+
+// TestPoolRefillUsesIdleCPU: the replacement of a pooled sandbox starts
+// while the run it served is still under way, when a CPU is free for it —
+// not only once that run is over — and it starts at a background
+// priority, raised once a run takes it.
+func TestPoolRefillUsesIdleCPU(t *testing.T) {
+	release := make(chan struct{})
+	b := newFake(holdRuns(release))
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 2}})
+	eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+	first := b.sandboxes()[0]
+	if !first.spec.Background || first.foreground.Load() {
+		t.Errorf("a waiting refill: Background %v, raised %v; want a background one not raised", first.spec.Background, first.foreground.Load())
+	}
+	done := runAsync(e, sandbox.Job{Language: "python", Code: "hold"})
+	eventually(t, "the refill starts beside the held run", func() bool { return len(b.sandboxes()) == 2 })
+	eventually(t, "the pool refills", func() bool { return e.PoolSizes()["python"] == 1 })
+	close(release)
+	res := <-done
+	if res.Status != sandbox.StatusOK || res.SandboxID != first.id {
+		t.Fatalf("the held run: %s in %s: %s; want ok in the pooled %s", res.Status, res.SandboxID, res.Message, first.id)
+	}
+	if !first.foreground.Load() {
+		t.Error("the pooled sandbox a run took was not raised to the foreground")
+	}
+	cold := <-runAsync(e, sandbox.Job{Language: "bash", Code: "x"})
+	if sb := b.sandbox(cold.SandboxID); sb.spec.Background {
+		t.Error("a cold run's sandbox started in the background")
+	}
+}
+
+// TestPoolRefillsYieldToRuns: while one-shot runs take every CPU, no refill
+// starts; once a run ends and frees a CPU, it does.
+func TestPoolRefillsYieldToRuns(t *testing.T) {
+	release := make(chan struct{})
+	b := newFake(holdRuns(release))
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 1}})
+	eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+	held := runAsync(e, sandbox.Job{Language: "bash", Code: "hold"}) // a cold run that takes the one CPU
+	eventually(t, "the held run starts", func() bool { return len(b.sandboxes()) == 2 })
+	// A pooled run drains the pool while the held one goes on.
+	if res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"}); res.Status != sandbox.StatusOK {
+		t.Fatalf("pooled run: %s: %s", res.Status, res.Message)
+	}
+	eventually(t, "the pooled run's sandbox is removed", func() bool { return b.sandboxes()[0].isDestroyed() })
+	time.Sleep(50 * time.Millisecond) // would a refill start? (not a timing assertion: it may only add)
+	if n := len(b.sandboxes()); n != 2 {
+		t.Errorf("%d sandboxes started while a run took the only CPU, want 2 (no refill)", n)
+	}
+	close(release)
+	if res := <-held; res.Status != sandbox.StatusOK {
+		t.Fatalf("held run: %s: %s", res.Status, res.Message)
+	}
+	eventually(t, "the pool refills once the CPU is free", func() bool { return e.PoolSizes()["python"] == 1 })
+}
+
+// TestPoolMissStartsColdUnmeasured: a run that finds the pool empty while
+// a refill is under way starts cold as long as the pool has not measured
+// both a refill and a cold start (it cannot tell which is sooner), and the
+// refill goes on.
+func TestPoolMissStartsColdUnmeasured(t *testing.T) {
+	h := &heldWarms{release: make(chan struct{})}
+	b := newFake(h.handler())
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 2}})
+	eventually(t, "a refill is under way", func() bool { return h.now.Load() == 1 })
+	res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"})
+	if res.Status != sandbox.StatusOK {
+		t.Fatalf("Run: %s: %s", res.Status, res.Message)
+	}
+	if sb := b.sandbox(res.SandboxID); sb.spec.Background {
+		t.Errorf("the miss ran in the refill's sandbox %s, want a cold one", res.SandboxID)
+	}
+	h.free()
+	eventually(t, "the refill lands", func() bool { return e.PoolSizes()["python"] == 1 })
+}

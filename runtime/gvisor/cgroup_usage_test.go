@@ -1,0 +1,150 @@
+package gvisor
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// TestCgroupUsage reads a run's OOM kills and peak memory from fake cgroup
+// directories laid out as v2 and v1 kernels lay them out, so that the v2
+// path (which this host, hybrid v1, cannot exercise live) is covered too.
+func TestCgroupUsage(t *testing.T) {
+	const v2Events = "low 0\nhigh 0\nmax 12\noom 3\noom_kill 2\noom_group_kill 0\n"
+	const v1Control = "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n"
+	for _, tc := range []struct {
+		name      string
+		v2        bool
+		files     map[string]string
+		wantKills uint64
+		wantPeak  int64
+		wantErr   bool
+	}{
+		{name: "v2", v2: true, files: map[string]string{"memory.events": v2Events, "memory.peak": "73400320\n"},
+			wantKills: 2, wantPeak: 73400320},
+		{name: "v2 no kills", v2: true, files: map[string]string{"memory.events": "low 0\noom 0\noom_kill 0\n", "memory.peak": "1024\n"},
+			wantKills: 0, wantPeak: 1024},
+		// Linux before 5.19 has no memory.peak: the count still decides.
+		{name: "v2 without memory.peak", v2: true, files: map[string]string{"memory.events": v2Events}, wantKills: 2},
+		{name: "v2 without memory.events", v2: true, files: map[string]string{"memory.peak": "1\n"}, wantErr: true},
+		{name: "v2 events without oom_kill", v2: true, files: map[string]string{"memory.events": "oom 1\n"}, wantErr: true},
+		{name: "v1", files: map[string]string{"memory.oom_control": v1Control, "memory.max_usage_in_bytes": "52428800\n"},
+			wantKills: 1, wantPeak: 52428800},
+		{name: "v1 garbled count", files: map[string]string{"memory.oom_control": "oom_kill x\n"}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for name, data := range tc.files {
+				if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cg := &runCgroup{paths: map[string]string{"memory": dir, "pids": t.TempDir()}}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			kills, peak, err := cg.usage()
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("usage: err %v, want error %v", err, tc.wantErr)
+			}
+			if kills != tc.wantKills || peak != tc.wantPeak {
+				t.Errorf("usage: %d OOM kills, peak %d; want %d, %d", kills, peak, tc.wantKills, tc.wantPeak)
+			}
+		})
+	}
+}
+
+// TestCgroupMemoryNow reads the memory in use from v2's memory.current and
+// v1's memory.usage_in_bytes.
+func TestCgroupMemoryNow(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		v2         bool
+	}{{"v2", "memory.current", true}, {"v1", "memory.usage_in_bytes", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, tc.file), []byte("31457280\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cg := &runCgroup{paths: map[string]string{"memory": dir}}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			if n, err := cg.memoryUsage(); err != nil || n != 31457280 {
+				t.Errorf("memoryUsage = %d, %v; want 31457280", n, err)
+			}
+		})
+	}
+	if _, err := (&runCgroup{}).memoryUsage(); err == nil {
+		t.Error("memoryUsage without a cgroup: no error")
+	}
+}
+
+// TestCgroupBackground: a refill's cgroup gets the lowest CPU weight, and
+// the default one back when a run takes it (v1 cpu.shares, v2 cpu.weight).
+func TestCgroupBackground(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, low, normal string
+		v2                      bool
+	}{{"v2", "cpu.weight", "1", "100", true}, {"v1", "cpu.shares", "2", "1024", false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cg := &runCgroup{paths: map[string]string{"cpu": dir, "memory": t.TempDir()}}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			for _, step := range []struct {
+				background bool
+				want       string
+			}{{true, tc.low}, {false, tc.normal}} {
+				if err := cg.setBackground(step.background); err != nil {
+					t.Fatal(err)
+				}
+				if data, _ := os.ReadFile(filepath.Join(dir, tc.file)); string(data) != step.want {
+					t.Errorf("background %v: %s = %q, want %q", step.background, tc.file, data, step.want)
+				}
+			}
+		})
+	}
+	if err := (&runCgroup{}).setBackground(true); err != nil {
+		t.Errorf("without a cgroup: %v", err)
+	}
+}
+
+// BenchmarkCgroupUsage compares the end-of-run usage read through the
+// cgroup manager's GetStats (as it was) with the two files read directly,
+// on a real cgroup of this host (root only).
+func BenchmarkCgroupUsage(b *testing.B) {
+	if !HostRoot() {
+		b.Skip("needs root to create a cgroup")
+	}
+	layout, err := DetectCgroups()
+	if err != nil {
+		b.Skip(err)
+	}
+	limit := int64(256 << 20)
+	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cg.destroy()
+	b.Run("GetStats", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := cg.mgr.OOMKillCount(); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := cg.mgr.GetStats(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("direct", func(b *testing.B) {
+		for b.Loop() {
+			if _, _, err := cg.usage(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
