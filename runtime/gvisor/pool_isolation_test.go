@@ -8,24 +8,28 @@ import (
 )
 
 // TestPoolIsolationAcrossCalls has call N of each pooled language leave a
-// file (in the workspace and in /tmp), a running process that left the
-// program's group, an environment change and a module-level variable
-// behind, and checks that call N+1 of the same pool finds none of it.
+// file (in the workspace, /tmp and, for Python, /dev/shm), a running
+// process that left the program's group, an environment change and a
+// module-level (for Python also a builtin) variable behind, and checks
+// that call N+1 of the same pool finds none of it.
 func TestPoolIsolationAcrossCalls(t *testing.T) {
 	tests := []struct {
 		lang          string
 		leave, search string
 	}{
-		{"python", `import os, json, subprocess
+		{"python", `import builtins, os, json, subprocess
 open("/workspace/left.txt", "w").write("x")
 open("/tmp/left.txt", "w").write("x")
+open("/dev/shm/left", "w").write("x")
 os.environ["SAFE_RUN_LEFT"] = "1"
 json.SAFE_RUN_LEFT = 1
+builtins.SAFE_RUN_LEFT = 1
 subprocess.Popen(["sleep", "600"], start_new_session=True)
-print("left")`, `import os, json
-found = [p for p in ("/workspace/left.txt", "/tmp/left.txt") if os.path.exists(p)]
+print("left")`, `import builtins, os, json
+found = [p for p in ("/workspace/left.txt", "/tmp/left.txt", "/dev/shm/left") if os.path.exists(p)]
 if "SAFE_RUN_LEFT" in os.environ: found.append("env")
 if hasattr(json, "SAFE_RUN_LEFT"): found.append("module variable")
+if hasattr(builtins, "SAFE_RUN_LEFT"): found.append("builtin")
 for pid in filter(str.isdigit, os.listdir("/proc")):
     try:
         if open("/proc/%s/cmdline" % pid).read().startswith("sleep"): found.append("process")

@@ -67,50 +67,6 @@ func restored(rt *testRuntime, id string) bool {
 	return false
 }
 
-// TestPoolNeverReuses leaves files, a variable, a running process and
-// shared memory behind in one pooled run, and checks that the next pooled
-// run sees none of it.
-func TestPoolNeverReuses(t *testing.T) {
-	rt := newPoolRuntime(t, "python")
-	first := `import builtins, os, subprocess
-open("/workspace/left.txt", "w").write("x")
-open("/tmp/left.txt", "w").write("x")
-open("/dev/shm/left", "w").write("x")
-builtins.LEFT_BEHIND = 1
-subprocess.Popen(["sleep", "600"], start_new_session=True)
-print("left things behind")`
-	second := `import builtins, os
-found = [p for p in ("/workspace/left.txt", "/tmp/left.txt", "/dev/shm/left") if os.path.exists(p)]
-if hasattr(builtins, "LEFT_BEHIND"):
-    found.append("variable")
-for pid in os.listdir("/proc"):
-    if pid.isdigit():
-        try:
-            if open("/proc/%s/cmdline" % pid).read().startswith("sleep"):
-                found.append("process " + pid)
-        except OSError:
-            pass
-print("found:", found)`
-	var ids []string
-	for i, code := range []string{first, second} {
-		pooled := waitPooled(t, rt, "python")
-		res := mustRun(t, rt, sandbox.Job{Language: "python", Code: code})
-		wantStatus(t, res, sandbox.StatusOK)
-		if res.SandboxID != pooled {
-			t.Fatalf("run %d ran in %s, not in the pooled sandbox %s", i, res.SandboxID, pooled)
-		}
-		ids = append(ids, res.SandboxID)
-		if i == 1 && strings.TrimSpace(res.Stdout) != "found: []" {
-			t.Errorf("the second pooled run saw what the first left: %s", res.Stdout)
-		}
-	}
-	if ids[0] == ids[1] {
-		t.Errorf("both runs used sandbox %s", ids[0])
-	}
-	rt.Close()
-	assertNothingLeft(t, rt, ids)
-}
-
 // TestPoolRefillsFromCheckpoint checks that the pool refills after each
 // run, that refills after the first are restored from the checkpoint
 // image, and that restored sandboxes do not share random numbers.
