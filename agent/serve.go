@@ -202,7 +202,7 @@ func (s *server) run(req *Request) *Exit {
 	case res.exited:
 		exit.Code = res.ws.ExitStatus()
 	default:
-		exit.Code = res.reported
+		exit.Code = -1 // not seen to end: killed at its timeout
 	}
 	finishCaptures(exit, stdout, stderr)
 	if req.Collect != nil && !emptyDir(s.cfg.Workdir, req.Collect.Dir) {

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -16,7 +15,7 @@ import (
 // Inside gVisor every wake-up of a task costs 0.3–0.8 ms, while a system
 // call that does not block costs microseconds. So the agent watches a run
 // from one goroutine, the one that read the request, blocking in poll(2) on
-// every descriptor that can end or feed the run: the warm driver's report,
+// every descriptor that can end or feed the run: the warm driver's status,
 // a pidfd that becomes readable when the program exits, and the output
 // pipes. A goroutine per pipe and the reaper's channel would each add a
 // hop between threads (the main goroutine is locked to the first thread,
@@ -37,8 +36,8 @@ type child struct {
 	// gives none, a pipe that exitPipe writes to stands in for it.
 	pidfd int
 	// report is the warm driver's status descriptor, on which it writes
-	// "exit CODE" once the program is over and its stdio closed; -1 for a
-	// program started cold.
+	// "fail MESSAGE" if it cannot start the program and which it closes
+	// before the program runs; -1 for a program started cold.
 	report int
 	// stdout and stderr are the non-blocking read ends of its output
 	// pipes; -1 once closed.
@@ -47,9 +46,8 @@ type child struct {
 
 // supervised says how a run ended.
 type supervised struct {
-	ws       unix.WaitStatus
-	exited   bool // ws is the program's status
-	reported int  // the driver's exit code, if it reported one (exited false)
+	ws     unix.WaitStatus
+	exited bool // ws is the program's status
 	// failed is why the driver could not start the program, if it said so.
 	failed   string
 	timedOut bool
@@ -59,10 +57,8 @@ type supervised struct {
 // supervise watches c until it ends or timeout passes, feeding its output to
 // the captures, then kills what the run left (killRun), takes what is
 // already in its pipes without waiting for anyone to close them, and closes
-// them. A driver's report ends the run as the program's exit would: the
-// driver reports after its program is over and it has flushed and closed
-// its stdio, and the exit itself can take milliseconds (with numpy loaded,
-// 7 ms inside gVisor) that nobody needs to wait for.
+// them. A warm driver's "fail" report ends the run as the program's exit
+// would; otherwise its exit does.
 func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *streamCapture) supervised {
 	start := time.Now()
 	deadline := start.Add(timeout)
@@ -111,12 +107,13 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 				n, err := unix.Read(c.report, buf)
 				if n > 0 {
 					reportBuf = append(reportBuf, buf[:n]...)
-					if code, fail, ok := parseReport(reportBuf); ok {
-						res.reported, res.failed, ended = code, fail, true
+					if fail, ok := parseReport(reportBuf); ok {
+						res.failed, ended = fail, true
 						res.took = time.Since(start)
 					}
 				}
-				if n == 0 || (err != nil && !errors.Is(err, unix.EAGAIN)) {
+				// A driver's failure is one short line; more is not its.
+				if n == 0 || len(reportBuf) > maxReport || (err != nil && !errors.Is(err, unix.EAGAIN)) {
 					// The driver closed it or died: its exit tells the rest.
 					unix.Close(c.report)
 					c.report = -1
@@ -201,22 +198,20 @@ func (s *server) killPending() {
 	}
 }
 
-// parseReport finds the driver's last word in what it wrote on its status
-// descriptor: "exit CODE" (the program is over, its stdio closed) or
-// "fail MESSAGE" (the driver could not start the program).
-func parseReport(b []byte) (code int, fail string, ok bool) {
+// maxReport bounds what the agent reads of a driver's status descriptor
+// during a run.
+const maxReport = 4 << 10
+
+// parseReport finds the driver's "fail MESSAGE" (it could not start the
+// program) in what it wrote on its status descriptor during a run.
+func parseReport(b []byte) (fail string, ok bool) {
 	for {
 		line, rest, found := bytes.Cut(b, []byte("\n"))
 		if !found {
-			return 0, "", false
-		}
-		if n, isExit := bytes.CutPrefix(line, []byte("exit ")); isExit {
-			if code, err := strconv.Atoi(string(n)); err == nil {
-				return code & 0xff, "", true
-			}
+			return "", false
 		}
 		if msg, isFail := bytes.CutPrefix(line, []byte("fail ")); isFail {
-			return 0, string(msg), true
+			return string(msg), true
 		}
 		b = rest
 	}

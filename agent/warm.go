@@ -49,8 +49,8 @@ func warmArgv(kind string) ([]string, error) {
 // LENGTH" followed by LENGTH bytes: "prime" (no bytes) asks it to touch its
 // memory and reseed its random generators, "run" carries the run (see
 // runMessage). It answers in lines on its fd 4: "ready" once its preloads
-// are imported, "primed", and at the end of the run "exit CODE" (after it
-// flushed and closed its stdio) or "fail MESSAGE" (it could not start it).
+// are imported, "primed", and "fail MESSAGE" if it cannot start the run;
+// it closes both before the program runs, which then has only its stdio.
 type warmProgram struct {
 	pid     int
 	done    <-chan unix.WaitStatus

@@ -10,12 +10,9 @@
 // to prime: Node sandboxes are never restored from a checkpoint). "run"
 // carries the code file to write, the output directory to make and the
 // run's argv; it then runs the script argv names (its first argument that
-// is not an option) as `node argv...` would, as the main module. When the
-// process is about to exit normally, after every 'exit' listener, it closes
-// its stdio, writes "exit CODE" to fd 4 and exits at once. The agent takes
-// that line as the end of the run. An uncaught exception is left to Node,
-// which prints it after the 'exit' event; the agent then sees the exit
-// itself.
+// is not an option) as `node argv...` would, as the main module, once it
+// has closed fd 4: the program has only its stdio, as a cold `node main.js`
+// would. The agent sees its exit itself.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -135,26 +132,9 @@ try {
   process.reallyExit(1);
 }
 
-// An uncaught exception emits 'exit' before Node prints it: leave that
-// exit to Node.
-let fatal = false;
-process.on('uncaughtExceptionMonitor', () => { fatal = true; });
-const emit = process.emit;
-process.emit = function (event, ...args) {
-  const result = emit.apply(this, [event, ...args]);
-  if (event === 'exit' && !fatal) {
-    let code = process.exitCode === undefined ? args[0] : process.exitCode;
-    code = (Number(code) | 0) & 0xff;
-    // Close the stdio: what the program left running keeps only its own
-    // copies, which the agent does not wait for.
-    for (const fd of [0, 1, 2]) {
-      try { fs.closeSync(fd); } catch { /* already closed by the program */ }
-    }
-    try { fs.writeSync(4, `exit ${code}\n`); } catch { /* the agent sees the exit */ }
-    process.reallyExit(code);
-  }
-  return result;
-};
+// Nothing of the driver's stays open for the program: a status descriptor
+// it could write to would let it end its run with a forged report.
+fs.closeSync(4);
 
 let i = 1;
 while (argv[i].startsWith('-')) i++;
