@@ -4,7 +4,7 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') go.mod go.sum rootfs/build-rootfs.sh
+GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') $(wildcard agent/drivers/*) go.mod go.sum rootfs/build-rootfs.sh
 # Integration tests use exactly these binaries and the default image.
 TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_BIN=$(CURDIR)/bin/safe-run \

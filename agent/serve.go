@@ -201,6 +201,8 @@ func (s *server) run(req *Request) *Exit {
 		exit.Signal = unix.SignalName(res.ws.Signal())
 	case res.exited:
 		exit.Code = res.ws.ExitStatus()
+	case res.named:
+		exit.Code = res.reported
 	default:
 		exit.Code = -1 // not seen to end: killed at its timeout
 	}

@@ -331,7 +331,7 @@ func (s *server) launchWarm(req *Request, code *File) (*child, error) {
 		}
 		outDir = filepath.Clean(req.Collect.Dir)
 	}
-	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: w.status, stdout: w.stdout, stderr: w.stderr}
+	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: w.status, named: true, stdout: w.stdout, stderr: w.stderr}
 	if err := c.watchExit(-1); err != nil {
 		w.close()
 		_ = unix.Kill(-w.pid, unix.SIGKILL)

@@ -102,6 +102,25 @@ func TestWarmNodeEndsAsCold(t *testing.T) {
 	}
 }
 
+// TestWarmNameEndsTheRun checks that a warm run ends when its process is
+// named "srexit:CODE" and its stdio closed, as the driver does at the end,
+// not at the exit of its process: here the program does both itself and
+// then sleeps far beyond the test's deadline, which the agent would wait
+// for if it waited for the exit. (A program can end its own run early so,
+// as it could by exiting.)
+func TestWarmNameEndsTheRun(t *testing.T) {
+	code := `import ctypes, os, time
+print("named", flush=True)
+ctypes.CDLL(None).prctl(15, b"srexit:7", 0, 0, 0)
+os.closerange(0, 3)
+time.sleep(60)
+`
+	_, r := warmRun(t, "python", nil, []agent.File{{Path: "main.py", Data: []byte(code)}}, []string{"python3", "-u", "main.py"}, "")
+	if r.exit.Code != 7 || r.exit.TimedOut || r.exit.Signal != "" || string(r.stdout) != "named\n" {
+		t.Errorf("exit %+v, stdout %q; want code 7 from the name, with the output", r.exit, r.stdout)
+	}
+}
+
 // TestWarmDriverClosesItsDescriptors runs the Python and Node drivers by
 // hand, as the agent does, and checks that each closes its status
 // descriptor once it has the run (EOF there, no report), before the

@@ -12,7 +12,8 @@
 // run's argv; it then runs the script argv names (its first argument that
 // is not an option) as `node argv...` would, as the main module, once it
 // has closed fd 4: the program has only its stdio, as a cold `node main.js`
-// would. The agent sees its exit itself.
+// would. At its normal end it names its process "srexit:CODE" and closes its
+// stdio, which the agent takes as the end of the run.
 'use strict';
 const fs = require('fs');
 const path = require('path');
@@ -135,6 +136,28 @@ try {
 // Nothing of the driver's stays open for the program: a status descriptor
 // it could write to would let it end its run with a forged report.
 fs.closeSync(4);
+
+// At the process's normal exit, after every 'exit' listener, say the exit
+// code in the process's name ("srexit:CODE"; libuv sets it with prctl) and
+// close the stdio: the agent, seeing both pipes end, reads the name and
+// ends the run without waiting for the exit. An uncaught exception emits
+// 'exit' before Node prints it: leave that exit to Node.
+let fatal = false;
+process.on('uncaughtExceptionMonitor', () => { fatal = true; });
+const emit = process.emit;
+process.emit = function (event, ...args) {
+  const result = emit.apply(this, [event, ...args]);
+  if (event === 'exit' && !fatal) {
+    let code = process.exitCode === undefined ? args[0] : process.exitCode;
+    code = (Number(code) | 0) & 0xff;
+    try { process.title = `srexit:${code}`; } catch { /* the agent sees the exit */ }
+    for (const fd of [0, 1, 2]) {
+      try { fs.closeSync(fd); } catch { /* already closed by the program */ }
+    }
+    process.reallyExit(code);
+  }
+  return result;
+};
 
 let i = 1;
 while (argv[i].startsWith('-')) i++;
