@@ -23,9 +23,10 @@ import (
 // hop between threads (the main goroutine is locked to the first thread,
 // see cmd/safe-run-agent), and so a wake-up, to every event.
 
-// lazyOutput is how long after its start a run's output pipes are left
-// unwatched: a program that ends within it (most warm runs) has its output
-// read once, at its end, instead of waking the agent for each write. A
+// lazyOutput is how long after its start a run's output pipes are watched
+// only for their end (a warm driver's, see endName) and not for data: a
+// program that ends within it (most warm runs) has its output read once,
+// at its end, instead of waking the agent for each write. A
 // program that writes more than a pipe holds (64 KiB) in that time waits
 // at most this long for the agent to start reading.
 const lazyOutput = 5 * time.Millisecond
