@@ -97,6 +97,9 @@ const (
 	// StatusSandboxError means the sandbox itself failed; it is never the
 	// user's code's fault.
 	StatusSandboxError Status = "sandbox_error"
+	// StatusPolicyViolation means a behaviour monitoring rule whose action
+	// is kill fired, and the run was stopped; the message names the rule.
+	StatusPolicyViolation Status = "policy_violation"
 )
 
 // Result is what a run produced. Its JSON form is the `--json` output of the

@@ -61,6 +61,18 @@ type SessionInfo struct {
 	// or at the latest (maximum lifetime).
 	ExpiresAt time.Time `json:"expires_at"`
 	Calls     int       `json:"calls"`
+	// Activity is what the session's sandboxes did over its whole life,
+	// given only when it ends (nil when it was not monitored).
+	Activity *Activity `json:"activity,omitempty"`
+}
+
+// ActivityCloser is the optional capability of Sessions whose sandboxes
+// are monitored: closing a session also returns its whole activity.
+type ActivityCloser interface {
+	// CloseSessionActivity is CloseSession that returns what the
+	// session's sandboxes did over its life, nil if they were not
+	// monitored.
+	CloseSessionActivity(ctx context.Context, id string) (*Activity, error)
 }
 
 type ownerKey struct{}

@@ -144,3 +144,18 @@ type NetworkReporter interface {
 
 // ErrNoCheckpoints is returned by a Checkpointer that keeps no checkpoints.
 var ErrNoCheckpoints = errors.New("this backend keeps no checkpoints")
+
+// ActivityReporter is the optional capability of a Sandbox whose backend
+// monitors what its processes do (package monitor, for gVisor). A backend
+// without it gives results without an Activity.
+type ActivityReporter interface {
+	// TakeActivity returns what the sandbox did since the previous call
+	// and forgets it, or nil if the sandbox is not monitored; final says
+	// the sandbox's program has ended, and waits briefly for its last
+	// events. A kill rule that fired shows in Activity.Rules; the backend
+	// has killed the sandbox then.
+	TakeActivity(final bool) *sandbox.Activity
+	// TotalActivity returns everything the sandbox did in its life (a
+	// session's whole tree), or nil if it is not monitored.
+	TotalActivity() *sandbox.Activity
+}

@@ -26,6 +26,10 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 	res := sandbox.Result{ExitCode: -1}
 	b := e.pool.take(job)
 	pooled := b != nil
+	if pooled {
+		// What the warm-up and its prime did is not this run's doing.
+		takeActivity(b.sb, false)
+	}
 	// From here the run uses a CPU, and refills leave it to the run.
 	over := e.pool.runStarted()
 	if !pooled {
@@ -67,7 +71,7 @@ func (e *Engine) cleanUp(b *box, pooled bool) {
 }
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
-func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) sandbox.Result {
+func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) (out sandbox.Result) {
 	if b.current() == statusStarting {
 		observe := func(d time.Duration) {
 			e.pool.observeCold(job.Language, d)
@@ -98,6 +102,13 @@ func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sand
 	res.MemoryPeakBytes = usage.PeakBytes
 	res = finishStreams(res, exit, stdout, stderr)
 	res.Files = e.outputFiles(job, exit)
+	// The program has ended: what it did is the run's activity. A kill
+	// rule that fired explains the sandbox's end before anything else.
+	act := takeActivity(b.sb, true)
+	if ruleHit(act, actionKill) != nil {
+		return withActivity(res, act)
+	}
+	defer func() { out = withActivity(out, act) }()
 	if exit == nil && !end.timedOut && !end.cancelled && usage.OOMKills == 0 {
 		if end.err == nil {
 			end.err = fmt.Errorf("the sandbox ended without a report (%s)", b.sb.ExitReport())

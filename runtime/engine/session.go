@@ -108,6 +108,17 @@ type session struct {
 	// operation): the next cell says its state was lost. Guarded by mu.
 	reportLost bool
 
+	// denied, once a deny-future-calls monitoring rule fired, says which:
+	// the session refuses every further call. Guarded by mu.
+	denied *sandbox.RuleHit
+	// past is the activity of the session's earlier sandboxes (it gets a
+	// new one when one dies), for its whole tree at the end. Guarded by
+	// mu, and read by the session's end once no call holds it.
+	past []*sandbox.Activity
+	// final is the session's whole activity, set by its end (nil if it
+	// was not monitored); read after gone is closed.
+	final *sandbox.Activity
+
 	ctx    context.Context // ends when the session is closed, cancelling its boot or call
 	cancel context.CancelFunc
 	gone   chan struct{} // closed once its sandbox is destroyed and it left the table
@@ -273,11 +284,15 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 	ctx, done := s.bind(ctx)
 	defer done()
 	defer e.release(s)
+	if hit := s.denied; hit != nil {
+		return sandbox.WithClass(fmt.Errorf("session %q refuses further calls: monitoring rule %q fired (%s); close it and create a new session", id, hit.Rule, hit.Event), sandbox.ErrInvalid)
+	}
 	if p := s.proc; p != nil && p.exited() {
 		// Its sandbox died while the session was idle (killed from outside,
 		// or the host ran out of memory): the session is lost, whatever its
 		// state said, and this call starts afresh and says so.
 		p.log.Warn("a session's sandbox died while idle", "session", s.id)
+		s.keepActivity(p)
 		if err := p.destroy(); err != nil {
 			p.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
@@ -352,8 +367,20 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 	err = e.call(ctx, id, func(ctx context.Context, s *session) error {
 		s.calls.Add(1)
 		var rep *egress.Report
-		res, rep = e.evalCell(ctx, s, job)
+		var act *sandbox.Activity
+		res, rep, act = e.evalCell(ctx, s, job)
 		res = addNetwork(res, rep)
+		res = withActivity(res, act)
+		if res.Status == sandbox.StatusPolicyViolation && res.StateLost {
+			res.Message += "; the session's state was lost, and its next call starts a fresh sandbox"
+		}
+		if hit := ruleHit(act, actionDenyFutureCalls); hit != nil && s.denied == nil {
+			s.denied = hit
+			if res.Message != "" {
+				res.Message += "; "
+			}
+			res.Message += fmt.Sprintf("monitoring rule %q fired: the session refuses further calls", hit.Rule)
+		}
 		return nil
 	})
 	res.DurationMS = time.Since(start).Milliseconds()
@@ -362,7 +389,7 @@ func (e *Engine) RunInSession(ctx context.Context, id string, job sandbox.Job) (
 
 // evalCell runs one cell; if the sandbox dies or is killed on the way, the
 // session loses its state and gets a new sandbox at its next call.
-func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (sandbox.Result, *egress.Report) {
+func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (sandbox.Result, *egress.Report, *sandbox.Activity) {
 	p := s.proc
 	res := sandbox.Result{SandboxID: p.id(), ExitCode: -1}
 	req := agent.Request{
@@ -386,6 +413,8 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 		usage := p.sb.Usage()
 		oomKills := usage.OOMKills
 		rep := takeNetwork(p.sb, true)
+		act := takeActivity(p.sb, true)
+		s.keepActivity(p)
 		res.MemoryPeakBytes = usage.PeakBytes
 		if err := p.destroy(); err != nil {
 			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
@@ -398,11 +427,12 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 		}
 		res.StateLost = true
 		res.Message += "; the session's state was lost, and its next call starts a fresh sandbox (files in /workspace are gone too)"
-		return res, rep
+		return res, rep, act
 	}
 	rep := takeNetwork(p.sb, false)
+	act := takeActivity(p.sb, false)
 	if exit.Error != "" {
-		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error)), rep
+		return e.sandboxError(res, fmt.Errorf("could not run the %s cell: %s", s.lang.Name, exit.Error)), rep, act
 	}
 	res.MemoryPeakBytes = p.sb.Usage().PeakBytes
 	res = outcome(res, job, exit, end, 0)
@@ -413,7 +443,15 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 	if res.Status == sandbox.StatusError && !exit.StateLost {
 		res.Message += " (see stderr); the session keeps its state"
 	}
-	return res, rep
+	return res, rep, act
+}
+
+// keepActivity keeps the whole activity of p, a sandbox of the session
+// about to be destroyed, for the session's end.
+func (s *session) keepActivity(p *box) {
+	if a := totalActivity(p.sb); a != nil {
+		s.past = append(s.past, a)
+	}
 }
 
 // WriteFiles writes files into the session's workspace.
@@ -500,6 +538,7 @@ func (e *Engine) fileOp(ctx context.Context, s *session, req agent.Request) (*ag
 	p := s.proc
 	exit, end := p.request(ctx, req, budget, fileOpTimeout, nil, nil)
 	if exit == nil {
+		s.keepActivity(p)
 		_ = p.destroy()
 		s.proc, s.reportLost = nil, true
 		if end.cancelled {
@@ -523,18 +562,25 @@ func endCause(p *box, end ending) string {
 // while its sandbox starts, and returns once its sandbox is gone (or ctx
 // ends).
 func (e *Engine) CloseSession(ctx context.Context, id string) error {
+	_, err := e.CloseSessionActivity(ctx, id)
+	return err
+}
+
+// CloseSessionActivity is CloseSession that also returns what the
+// session's sandboxes did over its whole life (nil if not monitored).
+func (e *Engine) CloseSessionActivity(ctx context.Context, id string) (*sandbox.Activity, error) {
 	t := e.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
 	if !ok || s.owner != sandbox.OwnerFrom(ctx) || !e.closeSession(s, "closed") {
-		return fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
+		return nil, fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
 	select {
 	case <-s.gone:
-		return nil
+		return s.final, nil
 	case <-ctx.Done():
-		return ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -566,6 +612,10 @@ func (e *Engine) closeSession(s *session, why string) bool {
 // owned the session when it closed.
 func (e *Engine) endSession(s *session, p *box) {
 	if p != nil {
+		s.keepActivity(p)
+	}
+	s.final = mergeActivities(s.past)
+	if p != nil {
 		if err := p.destroy(); err != nil {
 			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
@@ -580,7 +630,9 @@ func (e *Engine) endSession(s *session, p *box) {
 	}
 	e.log.Info("session ended", "session", s.id, "why", s.why, "calls", s.calls.Load())
 	if end := t.cfg.OnEnd; end != nil {
-		end(e.info(s), s.why)
+		info := e.info(s)
+		info.Activity = s.final
+		end(info, s.why)
 	}
 }
 

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/safe-run/safe-run/bundle"
+	"github.com/safe-run/safe-run/monitor"
 	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -74,6 +75,10 @@ type Config struct {
 	// NetworkCA is a PEM file of CAs networked sandboxes trust besides the
 	// image's: both are bound over the image's CA bundle.
 	NetworkCA string
+	// Monitor, unless its Level is empty or off, starts every sandbox with
+	// a trace session served by package monitor (see monitor.go); its Log
+	// and OnKill are the backend's own.
+	Monitor monitor.Options
 }
 
 // DefaultPlatform is the runsc platform sandboxes run on unless configured:

@@ -42,3 +42,106 @@ package gvisor
 //     namespace, as safe-run runs itself): run, checkpoint and restore with
 //     a session behave the same; the socket is the user's, in the user's
 //     state directory.
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/safe-run/safe-run/monitor"
+	"github.com/safe-run/safe-run/runtime/engine"
+	"github.com/safe-run/safe-run/sandbox"
+)
+
+// The run directory's files of a monitored sandbox.
+const (
+	monitorSocket  = "m.sock"     // the remote sink's socket, served by the Monitor
+	monitorSession = "trace.json" // runsc's --pod-init-config
+)
+
+// maxSocketPath is the longest path a Unix socket can be bound to (sun_path
+// holds 108 bytes with the terminating NUL).
+const maxSocketPath = 107
+
+var _ engine.ActivityReporter = (*sandboxProc)(nil)
+
+// sandboxMonitor is the behaviour monitor of one sandbox.
+type sandboxMonitor struct {
+	m       *monitor.Monitor
+	session string // the session file, for runsc's --pod-init-config
+}
+
+// startMonitor serves the sandbox's trace stream and writes the session
+// runsc is started with, when the backend monitors (Config.Monitor).
+func (p *sandboxProc) startMonitor() error {
+	opts := p.g.cfg.Monitor
+	if opts.Level == "" || opts.Level == monitor.LevelOff {
+		return nil
+	}
+	sock := filepath.Join(p.dir, monitorSocket)
+	if len(sock) > maxSocketPath {
+		return fmt.Errorf("the monitor's socket %s is longer than the %d bytes a Unix socket path may have: choose a shorter state directory, or --monitor=off", sock, maxSocketPath)
+	}
+	sm := &sandboxMonitor{session: filepath.Join(p.dir, monitorSession)}
+	opts.Log = p.log
+	opts.OnKill = func(hit sandbox.RuleHit) {
+		// The hit is in the Activity; the engine makes the run's status
+		// of it.
+		p.log.Warn("a monitoring rule ends the run", "rule", hit.Rule, "event", hit.Event)
+		// Not on the monitor's goroutine: Kill waits for runsc.
+		go p.Kill()
+	}
+	m, err := monitor.Start(sock, opts)
+	if err != nil {
+		return fmt.Errorf("start the sandbox's monitor: %w", err)
+	}
+	sm.m = m
+	p.mon = sm
+	if err := os.WriteFile(sm.session, m.SessionConfig(), 0o600); err != nil {
+		return fmt.Errorf("write the trace session: %w", err)
+	}
+	return nil
+}
+
+// runscMonitorArgs are runsc's global flags for the sandbox's trace
+// session: on run and on restore alike (a checkpoint keeps no session).
+func (p *sandboxProc) runscMonitorArgs() []string {
+	if p.mon == nil {
+		return nil
+	}
+	return []string{"--pod-init-config", p.mon.session}
+}
+
+// TakeActivity returns what the sandbox did since the previous call, or
+// nil if it is not monitored. It need not wait for the sandbox to exit
+// (final changes nothing here): the sentry writes a point to the socket in
+// the system call that makes it, so a program's points are in the socket
+// before the agent sees the program end, and Take reads what the socket
+// holds before it answers.
+func (p *sandboxProc) TakeActivity(final bool) *sandbox.Activity {
+	if p.mon == nil {
+		return nil
+	}
+	a := p.mon.m.Take()
+	return &a
+}
+
+// TotalActivity returns everything the sandbox did in its life, or nil if
+// it is not monitored.
+func (p *sandboxProc) TotalActivity() *sandbox.Activity {
+	if p.mon == nil {
+		return nil
+	}
+	a := p.mon.m.Total()
+	return &a
+}
+
+// closeMonitor stops serving the sandbox's stream; runsc has exited.
+func (p *sandboxProc) closeMonitor() {
+	if p.mon == nil {
+		return
+	}
+	if err := p.mon.m.Close(); err != nil {
+		p.log.Warn("close the sandbox's monitor", "err", err)
+	}
+}

@@ -47,6 +47,8 @@ type sandboxProc struct {
 
 	restore string // the checkpoint image the sandbox starts from, if any
 
+	mon *sandboxMonitor // its behaviour monitor, nil when not monitored
+
 	background atomic.Bool // started at the background CPU weight and not yet raised
 
 	exited      chan struct{} // closed when runsc has exited
@@ -174,6 +176,9 @@ func (p *sandboxProc) setUp(start engine.StartSpec) error {
 		return err
 	}
 	p.mark("cgroup_created")
+	if err := p.startMonitor(); err != nil {
+		return err
+	}
 
 	stdinR, stdinW, err := os.Pipe()
 	if err != nil {
@@ -249,6 +254,7 @@ func (p *sandboxProc) runscArgs() []string {
 		"--root", p.runscRoot(),
 		"--platform", p.g.cfg.Platform,
 	}
+	args = append(args, p.runscMonitorArgs()...)
 	switch {
 	case p.netNS == nil:
 		args = append(args, "--network", "none") // the sandbox gets only a loopback interface
@@ -339,6 +345,7 @@ func (p *sandboxProc) remove() error {
 	if p.mem != nil {
 		p.mem.close()
 	}
+	p.closeMonitor()
 	if p.net != nil {
 		p.net.kill()
 	}
