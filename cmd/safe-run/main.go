@@ -24,6 +24,7 @@ const (
 	exitTimeout      = 124 // the program hit its time limit
 	exitSandboxError = 125 // safe-run or the sandbox failed, or is not set up
 	exitOOM          = 126 // the program hit its memory limit
+	exitPolicy       = 123 // a monitoring rule stopped the run (docs/monitor.md)
 )
 
 // command is one subcommand, in a file of its own.

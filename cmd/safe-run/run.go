@@ -65,6 +65,7 @@ func cmdRun(args []string) int {
 		host    hostFlags
 		audits  auditFlags
 		net     netFlags
+		mon     monitorFlags
 		asked   listFlag
 		pkgs    listFlag
 		lang    = fs.String("lang", "", "language: "+strings.Join(sandbox.Policy{}.LanguageNames(), ", ")+" or one of --languages (default: from FILE's extension)")
@@ -78,7 +79,7 @@ func cmdRun(args []string) int {
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
-	env := registerWithEnv(fs, host.register, audits.register, net.register)
+	env := registerWithEnv(fs, host.register, audits.register, net.register, mon.register)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
@@ -117,6 +118,9 @@ func cmdRun(args []string) int {
 	if _, _, err := policy.Check(job); err != nil {
 		return fail(err)
 	}
+	if _, err := mon.options(); err != nil {
+		return fail(err)
+	}
 	// No log, no run: a run that could not be recorded must not happen.
 	logger := newLogger()
 	auditLog, err := audits.open(logger)
@@ -131,6 +135,9 @@ func cmdRun(args []string) int {
 	cfg.Engine.Policy.Network, cfg.Engine.Policy.NetworkLimits = policy.Network, policy.NetworkLimits
 	cfg.Engine.Policy.Packages, cfg.Engine.Policy.PackageIndex = policy.Packages, policy.PackageIndex
 	net.configure(&cfg)
+	if err := mon.configure(&cfg); err != nil {
+		return fail(err)
+	}
 	if len(job.Network) > 0 {
 		if err := net.checkHost(cfg); err != nil {
 			return fail(err)
@@ -230,6 +237,8 @@ func exitCode(res sandbox.Result) int {
 		return exitTimeout
 	case sandbox.StatusOOM:
 		return exitOOM
+	case sandbox.StatusPolicyViolation:
+		return exitPolicy
 	case sandbox.StatusKilled:
 		if sig := unix.SignalNum(res.Signal); sig > 0 {
 			return 128 + int(sig)

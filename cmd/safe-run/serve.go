@@ -72,6 +72,7 @@ type serveConfig struct {
 	images        string
 	audit         auditFlags
 	net           netFlags
+	monitor       monitorFlags
 
 	// Resolved by gatherServe from the flags above.
 	policy  sandbox.Policy // the limits; the languages and images are the backend's
@@ -110,6 +111,7 @@ func (f *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.images, "images", "", "comma-separated `images` run_code may choose with its image argument")
 	f.audit.register(fs)
 	f.net.register(fs)
+	f.monitor.register(fs)
 }
 
 func cmdServe(args []string) int {
@@ -175,6 +177,9 @@ func gatherServe(args []string, lookupEnv func(string) (string, bool)) (serveCon
 	}
 	if err := f.policy.Validate(); err != nil {
 		return f, usageError("the configured limits are not valid: %v", err)
+	}
+	if _, err := f.monitor.options(); err != nil {
+		return f, err
 	}
 	if err := f.net.policy(&f.policy); err != nil {
 		return f, err
@@ -259,6 +264,9 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 	cfg.Backend.Logger, cfg.Backend.CheckpointDir = logger, f.pool.checkpointDir(f.host.cacheDir)
 	f.net.configure(&cfg)
 	if err := f.net.checkHost(cfg); err != nil {
+		return s, err
+	}
+	if err := f.monitor.configure(&cfg); err != nil {
 		return s, err
 	}
 	recorder := newRecorder(auditLog, logger)

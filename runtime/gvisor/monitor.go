@@ -69,6 +69,7 @@ var _ engine.ActivityReporter = (*sandboxProc)(nil)
 type sandboxMonitor struct {
 	m       *monitor.Monitor
 	session string // the session file, for runsc's --pod-init-config
+	sockDir string // the socket's own directory where the run's is too deep, else ""
 }
 
 // startMonitor serves the sandbox's trace stream and writes the session
@@ -78,11 +79,23 @@ func (p *sandboxProc) startMonitor() error {
 	if opts.Level == "" || opts.Level == monitor.LevelOff {
 		return nil
 	}
+	sm := &sandboxMonitor{session: filepath.Join(p.dir, monitorSession)}
 	sock := filepath.Join(p.dir, monitorSocket)
 	if len(sock) > maxSocketPath {
-		return fmt.Errorf("the monitor's socket %s is longer than the %d bytes a Unix socket path may have: choose a shorter state directory, or --monitor=off", sock, maxSocketPath)
+		// A deep state directory: the socket goes to a private directory
+		// of its own in the temporary directory (only runsc, as this user,
+		// connects; the monitor makes the socket 0600 too).
+		dir, err := os.MkdirTemp("", "safe-run-mon-")
+		if err != nil {
+			return fmt.Errorf("create the monitor's socket directory: %w", err)
+		}
+		sm.sockDir, sock = dir, filepath.Join(dir, monitorSocket)
+		if len(sock) > maxSocketPath {
+			_ = os.Remove(dir)
+			return fmt.Errorf("the monitor's socket %s is longer than the %d bytes a Unix socket path may have: set TMPDIR or the state directory to a shorter path, or --monitor=off", sock, maxSocketPath)
+		}
 	}
-	sm := &sandboxMonitor{session: filepath.Join(p.dir, monitorSession)}
+	p.mon = sm // closeMonitor removes what was made, whatever fails next
 	opts.Log = p.log
 	opts.OnKill = func(hit sandbox.RuleHit) {
 		// The hit is in the Activity; the engine makes the run's status
@@ -96,7 +109,6 @@ func (p *sandboxProc) startMonitor() error {
 		return fmt.Errorf("start the sandbox's monitor: %w", err)
 	}
 	sm.m = m
-	p.mon = sm
 	if err := os.WriteFile(sm.session, m.SessionConfig(), 0o600); err != nil {
 		return fmt.Errorf("write the trace session: %w", err)
 	}
@@ -106,7 +118,7 @@ func (p *sandboxProc) startMonitor() error {
 // runscMonitorArgs are runsc's global flags for the sandbox's trace
 // session: on run and on restore alike (a checkpoint keeps no session).
 func (p *sandboxProc) runscMonitorArgs() []string {
-	if p.mon == nil {
+	if p.mon == nil || p.mon.m == nil {
 		return nil
 	}
 	return []string{"--pod-init-config", p.mon.session}
@@ -119,7 +131,7 @@ func (p *sandboxProc) runscMonitorArgs() []string {
 // before the agent sees the program end, and Take reads what the socket
 // holds before it answers.
 func (p *sandboxProc) TakeActivity(final bool) *sandbox.Activity {
-	if p.mon == nil {
+	if p.mon == nil || p.mon.m == nil {
 		return nil
 	}
 	a := p.mon.m.Take()
@@ -129,7 +141,7 @@ func (p *sandboxProc) TakeActivity(final bool) *sandbox.Activity {
 // TotalActivity returns everything the sandbox did in its life, or nil if
 // it is not monitored.
 func (p *sandboxProc) TotalActivity() *sandbox.Activity {
-	if p.mon == nil {
+	if p.mon == nil || p.mon.m == nil {
 		return nil
 	}
 	a := p.mon.m.Total()
@@ -141,7 +153,14 @@ func (p *sandboxProc) closeMonitor() {
 	if p.mon == nil {
 		return
 	}
-	if err := p.mon.m.Close(); err != nil {
-		p.log.Warn("close the sandbox's monitor", "err", err)
+	if p.mon.m != nil {
+		if err := p.mon.m.Close(); err != nil {
+			p.log.Warn("close the sandbox's monitor", "err", err)
+		}
+	}
+	if p.mon.sockDir != "" {
+		if err := os.RemoveAll(p.mon.sockDir); err != nil {
+			p.log.Warn("remove the monitor's socket directory", "err", err)
+		}
 	}
 }
