@@ -146,6 +146,10 @@ type Result struct {
 	Cached bool `json:"cached,omitempty"`
 	// Network is what the run's network saw; nil for a run without one.
 	Network *egress.Report `json:"network,omitempty"`
+	// Activity is what the run did inside the sandbox (processes, network
+	// attempts, files written, rules fired), from gVisor's trace points;
+	// nil when the run was not monitored.
+	Activity *Activity `json:"activity,omitempty"`
 }
 
 // OutputFile is a file the program left in the job's OutputDir.
