@@ -83,6 +83,11 @@ type Record struct {
 	// Network is what a run's network saw: its connections and
 	// denials, up to MaxNetworkRecords of them.
 	Network *egress.Report `json:"network,omitempty"`
+	// Activity is what a run did inside its sandbox (or, in a
+	// session_end record, the session's whole tree), as the behaviour
+	// monitor saw it, bounded as MaxActivityProcesses and the caps below
+	// say; nil when the run was not monitored.
+	Activity *sandbox.Activity `json:"activity,omitempty"`
 	// FirstSeq and FirstPrev, in an EventPruned record, are the number and
 	// prev of the oldest record kept: Verify accepts a chain that starts
 	// there only if the last such record says so.
@@ -114,6 +119,7 @@ func RunRecord(job sandbox.Job, res sandbox.Result) Record {
 		Status: string(res.Status), ExitCode: &code, DurationMS: res.DurationMS,
 		MemoryPeakBytes: res.MemoryPeakBytes, OutputBytes: res.StdoutBytes + res.StderrBytes, Message: res.Message,
 		Cached: res.Cached, NetworkAsked: job.Network, Packages: job.Packages, Network: res.Network,
+		Activity: res.Activity,
 	}
 }
 

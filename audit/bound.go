@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/safe-run/safe-run/egress"
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // The caps on a record's fields, in bytes as stored. Most fields come from
@@ -42,6 +44,14 @@ const (
 	// MaxNetworkEntries caps network_asked, packages and the report's
 	// allowlist, each.
 	MaxNetworkEntries = 32
+	// MaxActivityProcesses caps the processes of a record's activity, and
+	// MaxActivityArgs the argv kept of each; MaxActivityEntries caps each
+	// of its other lists and its event kinds. The sandbox chooses every
+	// string in it (binaries, arguments, paths, addresses), each cut to
+	// MaxEntryBytes.
+	MaxActivityProcesses = 32
+	MaxActivityArgs      = 8
+	MaxActivityEntries   = 64
 )
 
 // MaxLine bounds a line of the log. Start-up and Verify refuse a longer
@@ -49,7 +59,10 @@ const (
 // a record without code stays under 10 KiB, and with every byte of code
 // escaped by JSON (6 bytes for 1) under 6.1 MiB. A network report adds
 // under 1 MiB (MaxNetworkRecords records of three MaxEntryBytes strings,
-// and the three lists of MaxNetworkEntries, escaped).
+// and the three lists of MaxNetworkEntries, escaped), an activity under
+// 0.6 MiB (MaxActivityProcesses processes of at most MaxActivityArgs+3
+// strings, six lists of MaxActivityEntries, each string MaxEntryBytes,
+// escaped).
 const MaxLine = 8 << 20
 
 // cutMark ends a field that was cut to its cap, giving its whole size.
@@ -77,8 +90,73 @@ func Bounded(rec Record) Record {
 	if rec.Network != nil {
 		rec.Network = boundedReport(*rec.Network)
 	}
+	if rec.Activity != nil {
+		rec.Activity = boundedActivity(*rec.Activity)
+	}
 	return rec
 }
+
+// boundedActivity is a with every list cut to its cap (its truncated
+// flag set) and every string cleaned and cut.
+func boundedActivity(a sandbox.Activity) *sandbox.Activity {
+	out := a
+	out.Processes = capped(a.Processes, &out.ProcessesTruncated, MaxActivityProcesses, func(p sandbox.Process) sandbox.Process {
+		p.Binary, p.SHA256, p.Signal = Clean(p.Binary, MaxEntryBytes), Clean(p.SHA256, 64), Clean(p.Signal, 16)
+		p.Argv = capped(p.Argv, &p.ArgvTruncated, MaxActivityArgs, cleanEntry)
+		return p
+	})
+	out.Network = capped(a.Network, &out.NetworkTruncated, MaxActivityEntries, func(n sandbox.NetworkAttempt) sandbox.NetworkAttempt {
+		n.Op, n.Family, n.Type, n.Result = Clean(n.Op, 16), Clean(n.Family, 16), Clean(n.Type, 16), Clean(n.Result, 32)
+		n.Address = Clean(n.Address, MaxEntryBytes)
+		return n
+	})
+	out.FilesWritten = capped(a.FilesWritten, &out.FilesWrittenTruncated, MaxActivityEntries, cleanEntry)
+	out.SensitiveReads = capped(a.SensitiveReads, &out.SensitiveReadsTruncated, MaxActivityEntries, cleanEntry)
+	out.Signals = capped(a.Signals, &out.SignalsTruncated, MaxActivityEntries, func(sg sandbox.SignalSent) sandbox.SignalSent {
+		sg.Signal = Clean(sg.Signal, 16)
+		return sg
+	})
+	out.Rules = capped(a.Rules, &out.RulesTruncated, MaxActivityEntries, func(h sandbox.RuleHit) sandbox.RuleHit {
+		h.Rule, h.Action, h.Event = Clean(h.Rule, MaxEntryBytes), Clean(h.Action, 32), Clean(h.Event, MaxEntryBytes)
+		return h
+	})
+	out.Lost = Clean(a.Lost, MaxMessageBytes)
+	if a.Events != nil {
+		out.Events = make(map[string]int, min(len(a.Events), MaxActivityEntries))
+		keys := make([]string, 0, len(a.Events))
+		for k := range a.Events {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys) // which kinds the cap keeps does not depend on map order
+		for _, k := range keys {
+			if len(out.Events) == MaxActivityEntries {
+				break
+			}
+			out.Events[Clean(k, 64)] += a.Events[k]
+		}
+	}
+	return &out
+}
+
+func cleanEntry(s string) string { return Clean(s, MaxEntryBytes) }
+
+// capped is list cut to n entries (setting *truncated if it was longer),
+// each passed through clean; nil stays nil, so that empty lists stay out
+// of the record as they are out of the result.
+func capped[T any](list []T, truncated *bool, n int, clean func(T) T) []T {
+	if list == nil {
+		return nil
+	}
+	if len(list) > n {
+		list, *truncated = list[:n], true
+	}
+	out := make([]T, len(list))
+	for i, e := range list {
+		out[i] = clean(e)
+	}
+	return out
+}
+
 
 // cleanList is list cut to MaxNetworkEntries, each cleaned and cut to
 // MaxEntryBytes; a list cut short ends with how long it was.

@@ -206,7 +206,23 @@ func (r *Runner) ListSessions() []sandbox.SessionInfo { return r.Sessions.ListSe
 // without a call: idle, too old, or when the server stops.
 func (r *Runner) SessionEnded(info sandbox.SessionInfo, reason string) {
 	_ = r.write(Record{Time: time.Now().UTC(), Event: EventSessionEnd, SessionID: info.ID, Language: info.Language,
-		Status: "ok", Message: reason, DurationMS: time.Since(info.Created).Milliseconds()})
+		Status: "ok", Message: reason, DurationMS: time.Since(info.Created).Milliseconds(), Activity: info.Activity})
+}
+
+// CloseSessionActivity is CloseSession returning the session's whole
+// activity, where the wrapped Sessions report it (sandbox.ActivityCloser);
+// the session_end record holds it too.
+func (r *Runner) CloseSessionActivity(ctx context.Context, id string) (*sandbox.Activity, error) {
+	ac, ok := r.Sessions.(sandbox.ActivityCloser)
+	if !ok {
+		return nil, r.CloseSession(ctx, id)
+	}
+	start := time.Now()
+	act, err := ac.CloseSessionActivity(ctx, id)
+	if lost := r.called(ctx, Record{Event: EventCloseSession, SessionID: id}, start, err); lost != nil {
+		return nil, lost
+	}
+	return act, err
 }
 
 // called records a session call that began at start and ended with err.

@@ -38,6 +38,8 @@ type Metrics struct {
 	starts   prometheus.Histogram
 	egress   *prometheus.CounterVec
 	bytes    *prometheus.CounterVec
+	events   *prometheus.CounterVec
+	rules    *prometheus.CounterVec
 }
 
 // NewMetrics registers the metrics, the Go runtime's and the process's.
@@ -70,8 +72,16 @@ func NewMetrics(g Gauges) *Metrics {
 			Name: "safe_run_egress_bytes_total",
 			Help: "Bytes carried by the allowed connections of runs with a network, by direction (out: sent by the sandbox, in: received).",
 		}, []string{"direction"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "safe_run_monitor_events_total",
+			Help: "Trace points the behaviour monitor received from runs' sandboxes, by kind (execve, clone, connect, openat, ...).",
+		}, []string{"kind"}),
+		rules: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "safe_run_monitor_rules_total",
+			Help: "Behaviour monitoring rules that fired in runs, by rule and action (record, kill, deny-future-calls).",
+		}, []string{"rule", "action"}),
 	}
-	m.registry.MustRegister(m.runs, m.cached, m.duration, m.starts, m.egress, m.bytes,
+	m.registry.MustRegister(m.runs, m.cached, m.duration, m.starts, m.egress, m.bytes, m.events, m.rules,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	gauge := func(name, help string, f func() int) {
 		if f != nil {
@@ -131,6 +141,21 @@ func (m *Metrics) observeNetwork(r *egress.Report) {
 	}
 	m.bytes.WithLabelValues("out").Add(float64(out))
 	m.bytes.WithLabelValues("in").Add(float64(in))
+}
+
+// observeActivity counts a result's monitored events and rule hits. The
+// kinds are the monitor's own names and the rules the operator's, so the
+// labels stay few whatever the sandbox does.
+func (m *Metrics) observeActivity(a *sandbox.Activity) {
+	if m == nil || a == nil {
+		return
+	}
+	for kind, n := range a.Events {
+		m.events.WithLabelValues(kind).Add(float64(n))
+	}
+	for _, h := range a.Rules {
+		m.rules.WithLabelValues(h.Rule, h.Action).Inc()
+	}
 }
 
 // Handler serves the metrics in the Prometheus text format.

@@ -77,5 +77,6 @@ func (m *Metrics) observeCall(language string, res sandbox.Result, err error) {
 	m.observeRun(language, status, time.Duration(res.DurationMS)*time.Millisecond, res.Cached)
 	if err == nil && !res.Cached {
 		m.observeNetwork(res.Network)
+		m.observeActivity(res.Activity)
 	}
 }

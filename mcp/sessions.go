@@ -174,10 +174,31 @@ func (h *handler) createSession(ctx context.Context, args createSessionArgs) (*m
 }
 
 func (h *handler) closeSession(ctx context.Context, args closeSessionArgs) (*mcpgo.CallToolResult, error) {
-	if err := h.cfg.Sessions.CloseSession(ctx, args.SessionID); err != nil {
+	ac, ok := h.cfg.Sessions.(sandbox.ActivityCloser)
+	if !ok {
+		if err := h.cfg.Sessions.CloseSession(ctx, args.SessionID); err != nil {
+			return h.toolError(err), nil
+		}
+		return mcpgo.NewToolResultText("session " + args.SessionID + " closed"), nil
+	}
+	act, err := ac.CloseSessionActivity(ctx, args.SessionID)
+	if err != nil {
 		return h.toolError(err), nil
 	}
-	return mcpgo.NewToolResultText("session " + args.SessionID + " closed"), nil
+	text := "session " + args.SessionID + " closed"
+	if act == nil {
+		return mcpgo.NewToolResultText(text), nil
+	}
+	// The whole tree of the session: what every call's sandbox did.
+	return &mcpgo.CallToolResult{Content: []mcpgo.Content{mcpgo.NewTextContent(text + "\n" + ActivityLine(act))},
+		StructuredContent: closeSessionOutput{SessionID: args.SessionID, Activity: act}}, nil
+}
+
+// closeSessionOutput is close_session's structured content when the
+// session's sandboxes were monitored.
+type closeSessionOutput struct {
+	SessionID string            `json:"session_id"`
+	Activity  *sandbox.Activity `json:"activity"`
 }
 
 func (h *handler) listSessions(ctx context.Context, _ listSessionsArgs) (*mcpgo.CallToolResult, error) {

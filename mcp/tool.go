@@ -63,6 +63,8 @@ type runCodeOutput struct {
 	Cached          bool           `json:"cached,omitempty"`
 	StateLost       bool           `json:"state_lost,omitempty"`
 	Network         *egress.Report `json:"network,omitempty"`
+	// Activity is what the run did in the sandbox; nil when not monitored.
+	Activity *sandbox.Activity `json:"activity,omitempty"`
 }
 
 type outputFile struct {
@@ -83,8 +85,8 @@ type outputFile struct {
 const outputSchema = `{
   "type": "object",
   "properties": {
-    "status": {"type": "string", "enum": ["ok", "error", "timeout", "oom", "killed", "sandbox_error"],
-      "description": "ok: exit code 0; error: non-zero exit; timeout, oom: a limit was hit; killed: a signal or cancellation; sandbox_error: the sandbox failed, not the code"},
+    "status": {"type": "string", "enum": ["ok", "error", "timeout", "oom", "killed", "sandbox_error", "policy_violation"],
+      "description": "ok: exit code 0; error: non-zero exit; timeout, oom: a limit was hit; killed: a signal or cancellation; sandbox_error: the sandbox failed, not the code; policy_violation: a monitoring rule stopped the run (message names it)"},
     "exit_code": {"type": "integer", "description": "the program's exit code, -1 if it has none"},
     "signal": {"type": "string", "description": "the signal that killed the program"},
     "stdout": {"type": "string"},
@@ -111,6 +113,7 @@ const outputSchema = `{
         "dropped": {"type": "integer", "description": "records beyond the cap, not listed"},
         "failure": {"type": "string", "description": "the network failed during the run; from then on the sandbox had none"}},
       "required": ["allowlist", "connections"]},
+    "activity": ` + ActivitySchema + `,
     "state_lost": {"type": "boolean", "description": "in a session: its interpreter or sandbox was restarted, and variables and imports of earlier calls are gone (message says whether files are too)"},
     "files": {"type": "array", "description": "files the program wrote to /workspace/out",
       "items": {"type": "object",
@@ -276,6 +279,7 @@ func result(res sandbox.Result) *mcpgo.CallToolResult {
 		StdoutTruncated: res.StdoutTruncated, StderrTruncated: res.StderrTruncated,
 		DurationMS: res.DurationMS, MemoryPeakBytes: res.MemoryPeakBytes, Message: res.Message,
 		Files: []outputFile{}, Cached: res.Cached, StateLost: res.StateLost, Network: reportOutput(res.Network),
+		Activity: res.Activity,
 	}
 	var media []mcpgo.Content
 	for _, f := range res.Files {
@@ -376,6 +380,9 @@ func renderText(o runCodeOutput) string {
 				b.WriteString(denials + "\n")
 			}
 		}
+	}
+	if o.Activity != nil {
+		b.WriteString("\n" + ActivityLine(o.Activity) + "\n")
 	}
 	if len(o.Files) > 0 {
 		b.WriteString("\nfiles in /workspace/out:\n")

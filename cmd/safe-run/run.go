@@ -192,12 +192,16 @@ func cmdRun(args []string) int {
 }
 
 // printRunSummary tells, after the program's own output, what is not in
-// it: a status other than the program's exit, and for a run with a
-// network one line of its connections and one naming its denials.
+// it: a status other than the program's exit, one line of what the
+// monitor saw if that was notable, and for a run with a network one line
+// of its connections and one naming its denials.
 func printRunSummary(w io.Writer, res sandbox.Result) {
 	ran := res.Status == sandbox.StatusOK || res.Status == sandbox.StatusError
 	if !ran {
 		fmt.Fprintf(w, "safe-run: %s: %s\n", res.Status, res.Message)
+	}
+	if res.Activity.Notable() {
+		fmt.Fprintln(w, "safe-run: "+mcp.ActivityLine(res.Activity))
 	}
 	if res.Network == nil {
 		return
