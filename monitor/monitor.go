@@ -117,13 +117,20 @@ type Monitor struct {
 	ctx     context.Context
 	cancel  context.CancelFunc
 	closing atomic.Bool
-	// busy counts messages read but not yet applied, for settle.
-	busy atomic.Int32
-	wg   sync.WaitGroup
+	wg      sync.WaitGroup
 
 	mu    sync.Mutex
-	conns []*net.UnixConn
+	conns []*conn
 	st    *state
+}
+
+// conn is one sink connection.
+type conn struct {
+	*net.UnixConn
+	// idle is set when the reader found the queue empty, and cleared
+	// before each read: with an empty queue it says every message read has
+	// been applied (settle).
+	idle atomic.Bool
 }
 
 // Start listens on socketPath (a new SOCK_SEQPACKET Unix socket; the file
@@ -195,10 +202,11 @@ func (m *Monitor) accept() {
 			c.Close()
 			return
 		}
-		m.conns = append(m.conns, c)
+		cn := &conn{UnixConn: c}
+		m.conns = append(m.conns, cn)
 		m.mu.Unlock()
 		m.wg.Add(1)
-		go m.serve(c)
+		go m.serve(cn)
 	}
 }
 
@@ -207,13 +215,19 @@ func (m *Monitor) accept() {
 // drop the point and count it in the next header's DroppedCount, with the
 // "retries" its configuration gives, none by default), so a slow monitor
 // costs points, not the program's time.
-func (m *Monitor) serve(c *net.UnixConn) {
+func (m *Monitor) serve(c *conn) {
 	defer m.wg.Done()
+	defer c.idle.Store(true)
 	defer c.Close()
-	if err := m.handshake(c); err != nil {
+	if err := m.handshake(c.UnixConn); err != nil {
 		if !m.closing.Load() {
 			m.lose("handshake: " + err.Error())
 		}
+		return
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		m.lose("trace connection: " + err.Error())
 		return
 	}
 	buf := make([]byte, m.lim.MaxMessage)
@@ -223,15 +237,10 @@ func (m *Monitor) serve(c *net.UnixConn) {
 				return
 			}
 		}
-		n, _, flags, _, err := c.ReadMsgUnix(buf, nil)
-		m.busy.Add(1) // settle's view; the gap since the read is a few instructions
-		ok := err == nil && m.consume(buf[:n], flags)
-		m.busy.Add(-1)
-		if !ok {
-			if err == nil {
-				return
-			}
+		n, flags, err := c.read(rc, buf)
+		if err != nil || !m.consume(buf[:n], flags) {
 			switch {
+			case err == nil:
 			case errors.Is(err, io.EOF), m.closing.Load():
 			default:
 				m.lose("reading the trace stream: " + err.Error())
@@ -241,13 +250,42 @@ func (m *Monitor) serve(c *net.UnixConn) {
 	}
 }
 
+// read receives one message without blocking in the kernel (the runtime's
+// poller waits), keeping idle for settle.
+func (c *conn) read(rc syscall.RawConn, buf []byte) (n, flags int, err error) {
+	rerr := rc.Read(func(fd uintptr) bool {
+		c.idle.Store(false)
+		n, _, flags, _, err = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
+		if err == unix.EAGAIN || err == unix.EINTR {
+			c.idle.Store(true)
+			return false // wait until readable
+		}
+		if err == nil && n == 0 && flags&unix.MSG_TRUNC == 0 {
+			// Zero bytes are the peer's end, or an empty message,
+			// which the sink never sends (it must not pass as an end).
+			pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+			if _, perr := unix.Poll(pfd, 0); perr == nil && pfd[0].Revents&(unix.POLLRDHUP|unix.POLLHUP) != 0 {
+				err = io.EOF
+			} else {
+				err = errEmpty
+			}
+		}
+		return true
+	})
+	if rerr != nil {
+		return 0, 0, rerr
+	}
+	if err != nil {
+		return 0, 0, err
+	}
+	return n, flags, nil
+}
+
+// errEmpty is an empty message on the stream.
+var errEmpty = errors.New("an empty message")
+
 // consume decodes and applies one message; false ends the stream.
 func (m *Monitor) consume(b []byte, flags int) bool {
-	if len(b) == 0 && flags&syscall.MSG_TRUNC == 0 {
-		// A zero-length read without error is the peer's end on a
-		// SOCK_SEQPACKET socket.
-		return false
-	}
 	msg, err := decode(b, flags&syscall.MSG_TRUNC != 0)
 	if err != nil {
 		m.lose(err.Error())
@@ -291,14 +329,16 @@ func (m *Monitor) handshake(c *net.UnixConn) error {
 // handle applies one decoded message; false ends the stream.
 func (m *Monitor) handle(msg message) bool {
 	m.mu.Lock()
+	wasLost := m.st.lost != ""
 	ok := m.st.apply(msg)
+	lost := m.st.lost
 	kill := m.st.takeKill()
 	m.mu.Unlock()
 	if kill != nil && m.onKill != nil {
 		go m.onKill(*kill)
 	}
-	if !ok {
-		m.log.Warn("monitoring ended early", "socket", m.path, "reason", m.Total().Lost)
+	if !wasLost && lost != "" {
+		m.log.Warn("monitoring ended early", "socket", m.path, "reason", lost)
 	}
 	return ok
 }
@@ -306,10 +346,13 @@ func (m *Monitor) handle(msg message) bool {
 // lose ends monitoring with a reason.
 func (m *Monitor) lose(why string) {
 	m.mu.Lock()
+	wasLost := m.st.lost != ""
 	m.st.lose(why)
 	kill := m.st.takeKill()
 	m.mu.Unlock()
-	m.log.Warn("monitoring ended early", "socket", m.path, "reason", why)
+	if !wasLost {
+		m.log.Warn("monitoring ended early", "socket", m.path, "reason", why)
+	}
 	if kill != nil && m.onKill != nil {
 		go m.onKill(*kill)
 	}
@@ -377,11 +420,13 @@ func (m *Monitor) Close() error {
 // queues are empty: what the sandbox did before now is then in the state.
 func (m *Monitor) settle() {
 	m.mu.Lock()
-	conns := append([]*net.UnixConn(nil), m.conns...)
+	conns := append([]*conn(nil), m.conns...)
 	m.mu.Unlock()
 	deadline := time.Now().Add(m.lim.Settle)
 	for _, c := range conns {
-		for (pending(c) || m.busy.Load() > 0) && time.Now().Before(deadline) {
+		// The queue first: a message read after an idle reader's check
+		// would have been queued at it.
+		for (pending(c.UnixConn) || !c.idle.Load()) && time.Now().Before(deadline) {
 			time.Sleep(time.Millisecond)
 		}
 	}
