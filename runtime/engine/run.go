@@ -85,6 +85,10 @@ func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sand
 			}
 			return e.sandboxError(res, err)
 		}
+		// The agent's own start (its Go runtime reads /sys/kernel/mm/...)
+		// is not what the code did: the run's activity begins with its
+		// request, as a pooled sandbox's does.
+		takeActivity(b.sb, false)
 	}
 	req := e.request(job, lang)
 	stdout, stderr := newStreams(job)

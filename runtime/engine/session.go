@@ -239,6 +239,8 @@ func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box
 	if err == nil {
 		if err = b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
 			_ = b.destroy()
+		} else {
+			takeActivity(b.sb, false) // the agent's own start, not a call's doing
 		}
 	}
 	switch {
