@@ -131,6 +131,7 @@ FUZZ_TARGETS := sandbox:FuzzCheckPath sandbox:FuzzPolicyCheck mcp:FuzzRunCodeArg
 	agent:FuzzWorkspacePaths rootfs:FuzzExtract rootfs:FuzzImageConfig
 FUZZ_TARGETS += mcp:FuzzEscapeName snippets:FuzzParse
 FUZZ_TARGETS += egress:FuzzParse egress:FuzzAnswerDNS egress:FuzzParseSNI egress:FuzzParseHTTPHost egress:FuzzHTTPRequests
+FUZZ_TARGETS += monitor:FuzzDecode
 fuzz:
 	@set -e; tmp=$$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
 	for t in $(FUZZ_TARGETS); do \
