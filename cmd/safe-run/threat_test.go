@@ -514,7 +514,10 @@ except OSError as e:
 routes = open("/proc/net/route").read().splitlines()[1:]
 if routes:
     leak("routes", routes)
-ran()`},
+ran()`,
+			check: func(t *testing.T, h *threatHarness, r *threatRun) {
+				assertConnectAttempts(t, r, "1.1.1.1:53", "8.8.8.8:443", "10.0.0.1:80", "172.17.0.1:2375", "192.168.1.1:80", "169.254.169.254:80")
+			}},
 
 		{id: "T15", name: "the host's 127.0.0.1 and abstract unix sockets", lang: "python", status: ok, control: true,
 			want: []string{"tcp ECONNREFUSED", "abstract ECONNREFUSED"},
@@ -596,6 +599,7 @@ ran()`,
 				if !strings.Contains(r.stderr, "Resource temporarily unavailable") {
 					t.Errorf("no sign of the process limit (EAGAIN) in stderr: %.1000s", r.stderr)
 				}
+				assertCloneStorm(t, r)
 			},
 			during: hostResponsive},
 
@@ -612,6 +616,7 @@ ran()`,
 				if (r.via == "cli" || r.status == sandbox.StatusTimeout) && !eagain {
 					t.Errorf("%s ended as %s without reaching the process limit (no EAGAIN)", r.via, r.status)
 				}
+				assertCloneStorm(t, r)
 			},
 			code: pyPrelude + `
 import time
