@@ -489,3 +489,36 @@ func TestResultCached(t *testing.T) {
 		t.Errorf("a fresh result has cached = %v", got["cached"])
 	}
 }
+
+func TestResultActivity(t *testing.T) {
+	quiet := &sandbox.Activity{Processes: []sandbox.Process{{PID: 9, Parent: 1, Binary: "/usr/bin/python3.11", Argv: []string{"python3", "main.py"}, Exited: true}},
+		Clones: 1, Events: map[string]int{"sentry_exec": 1}}
+	loud := &sandbox.Activity{Processes: []sandbox.Process{{PID: 9, Binary: "/usr/bin/python3.11"}, {PID: 10, Parent: 9, Binary: "/usr/bin/sh\x1b[2J"}},
+		Clones: 2, Network: []sandbox.NetworkAttempt{{Op: "connect", Family: "inet", Address: "10.0.0.1:3333", Result: "ENETUNREACH"}},
+		Rules: []sandbox.RuleHit{{Rule: "miner-pool-port", Action: "kill", Event: "connect 10.0.0.1:3333"}}}
+	for _, tc := range []struct {
+		name string
+		res  sandbox.Result
+		line string
+	}{
+		{"quiet", sandbox.Result{Status: sandbox.StatusOK, Activity: quiet}, "activity: nothing notable"},
+		{"notable", sandbox.Result{Status: sandbox.StatusPolicyViolation, ExitCode: -1, Message: `the run was stopped by monitoring rule "miner-pool-port"`, Activity: loud}, `sh\u001b[2J`},
+		{"not monitored", sandbox.Result{Status: sandbox.StatusOK}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := result(tc.res)
+			got := checkStructured(t, r.StructuredContent)
+			text := firstText(t, r)
+			switch {
+			case tc.line == "" && (got["activity"] != nil || strings.Contains(text, "activity:")):
+				t.Errorf("a run without monitoring shows an activity: %v / %q", got["activity"], text)
+			case tc.line != "" && got["activity"] == nil:
+				t.Error("structured content has no activity")
+			case tc.line != "" && !strings.Contains(text, tc.line):
+				t.Errorf("text %q lacks %q", text, tc.line)
+			case strings.ContainsRune(text, '\x1b'):
+				t.Errorf("text carries the sandbox's escape sequence: %q", text)
+			}
+		})
+	}
+}
