@@ -355,7 +355,7 @@ func TestHostileStreams(t *testing.T) {
 		{name: "total bound", lim: Limits{MaxEvents: 100}, lost: "more than 100 events",
 			feed: func(s *testSink) {
 				for i := range int32(150) {
-					s.send(fork(2, 10+i))
+					unix.Write(s.fd, frame(pb.MessageType_MESSAGE_SENTRY_CLONE, 0, fork(2, 10+i))) // fails once monitoring ends
 				}
 			},
 			check: func(t *testing.T, a sandbox.Activity) {
@@ -621,5 +621,34 @@ func TestDefaultRulesAreValid(t *testing.T) {
 		if err := r.check(); err != nil || r.Action != ActionRecord || r.Description == "" {
 			t.Errorf("rule %s: %v (action %q)", r.Name, err, r.Action)
 		}
+	}
+}
+
+func TestSilentSession(t *testing.T) {
+	cases := []struct {
+		name   string
+		expect bool
+		feed   func(t *testing.T, m *Monitor)
+		lost   string
+	}{
+		{"never connected", false, func(*testing.T, *Monitor) {}, "runsc never connected"},
+		{"refused session: connected, silent", true, func(t *testing.T, m *Monitor) { dial(t, m) }, "no container/start point"},
+		{"fresh run", true, func(t *testing.T, m *Monitor) { dial(t, m).send(coldRun()...) }, ""},
+		{"restored run: no container/start", false, func(t *testing.T, m *Monitor) {
+			dial(t, m).send(fork(2, 4), execve(4, 2, "/bin/ls"))
+		}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := startMonitor(t, Options{ExpectStart: c.expect})
+			c.feed(t, m)
+			got := m.Take()
+			if c.lost == "" && got.Lost != "" || !strings.Contains(got.Lost, c.lost) {
+				t.Errorf("lost %q, want %q", got.Lost, c.lost)
+			}
+			if c.lost != "" && !slices.Contains(hitNames(got), "monitor-incomplete") {
+				t.Errorf("monitor-incomplete did not fire: %+v", got.Rules)
+			}
+		})
 	}
 }

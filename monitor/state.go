@@ -37,6 +37,9 @@ type state struct {
 	// fired holds the hits already reported, so each fires once.
 	fired map[string]bool
 
+	// started says the container/start point came.
+	started bool
+
 	events      int64
 	lastDropped uint32
 	lost        string
@@ -139,6 +142,7 @@ func (s *state) apply(m message) bool {
 	}
 	switch p := m.point.(type) {
 	case *pb.Start:
+		s.started = true
 		// The container's first process (safe-run's agent) has no execve
 		// point; its args name it for its children's parent_names.
 		if args := p.GetArgs(); len(args) > 0 {
