@@ -137,6 +137,9 @@ func TestRules(t *testing.T) {
 		{"shell-from-python",
 			coldRun(fork(2, 4), execve(4, 2, "/usr/bin/dash", "/bin/sh", "-c", "true")),
 			coldRun(fork(2, 4), execve(4, 2, "/usr/bin/git", "git", "status"))},
+		{"shell-from-python", // python replacing itself with a shell (os.execv)
+			coldRun(execve(2, 1, "/bin/sh", "sh")),
+			coldRun(execve(2, 1, "/usr/bin/ls", "ls"))},
 		{"shell-from-python", // a shell started by the agent is not one
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, python), fork(2, 3), execve(3, 2, "/bin/bash")},
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, "/bin/bash")}},
@@ -152,6 +155,16 @@ func TestRules(t *testing.T) {
 			})...),
 			coldRun(storm(19, func(i int) proto.Message {
 				return connect(2, inet4([4]byte{10, 0, 0, byte(i)}, 80), int64(unix.ENETUNREACH))
+			})...)},
+		{"connect-storm", // unix connects (glibc's nscd probe) do not count
+			coldRun(append(storm(19, func(i int) proto.Message {
+				return connect(2, append([]byte{1, 0}, "/run/nscd/socket"...), int64(unix.ENOENT))
+			}),
+				storm(20, func(i int) proto.Message {
+					return connect(2, inet4([4]byte{10, 0, 0, byte(i)}, 80), int64(unix.ENETUNREACH))
+				})...)...),
+			coldRun(storm(40, func(i int) proto.Message {
+				return connect(2, append([]byte{1, 0}, "/run/nscd/socket"...), int64(unix.ENOENT))
 			})...)},
 		{"fork-storm",
 			coldRun(storm(199, func(i int) proto.Message { return fork(2, int32(100+i)) })...),
@@ -590,6 +603,8 @@ func TestParseRules(t *testing.T) {
 		{in: `[{"name": "fork-storm"}]`, want: "neither an event nor an action"},
 		{in: `[{"name": "a", "event": "open", "ports": [80]}]`, want: "ports applies only to the event connect or bind"},
 		{in: `[{"name": "a", "event": "connect", "ports": [70000]}]`, want: "port 70000 is out of range"},
+		{in: `[{"name": "a", "event": "connect", "families": ["ipv4"]}]`, want: `family "ipv4" is not one of inet, inet6`},
+		{in: `[{"name": "a", "event": "exec", "families": ["inet"]}]`, want: "families applies only to the event connect or bind"},
 		{in: `[{"name": "a", "event": "exec", "names": ["[x"]}]`, want: `pattern "[x" is not a valid glob`},
 		{in: `[{"name": "a", "event": "clone", "count": -1}]`, want: "count -1 is negative"},
 		{in: `[{"name": "a", "event": "exec", "action": "off"}]`, want: "action off with an event"},
