@@ -38,6 +38,12 @@ type Options struct {
 	// Limits bound what the stream can make the monitor do; each zero
 	// field takes its default.
 	Limits Limits
+	// ExpectStart says the sandbox starts fresh (not restored from a
+	// checkpoint): its stream must carry the container/start point, and
+	// Take and Close report monitoring lost when it has not come.
+	// runsc runs a sandbox whose session the sentry refuses (an unknown
+	// point or field, in its boot log) unmonitored, its socket silent.
+	ExpectStart bool
 }
 
 // Limits bound the monitor's memory and CPU whatever the stream holds.
@@ -112,6 +118,7 @@ type Monitor struct {
 	lim     Limits
 	log     *slog.Logger
 	onKill  func(sandbox.RuleHit)
+	expect  bool
 	ln      *net.UnixListener
 	limiter *rate.Limiter
 	ctx     context.Context
@@ -173,7 +180,7 @@ func Start(socketPath string, opts Options) (*Monitor, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := &Monitor{
-		path: socketPath, level: level, lim: lim, log: log, onKill: opts.OnKill,
+		path: socketPath, level: level, lim: lim, log: log, onKill: opts.OnKill, expect: opts.ExpectStart,
 		ln: ln, ctx: ctx, cancel: cancel,
 		limiter: rate.NewLimiter(rate.Limit(lim.EventsPerSecond), 2*lim.EventsPerSecond),
 		st:      newState(rules, lim),
@@ -370,9 +377,29 @@ func (m *Monitor) SessionConfig() []byte {
 // waiting at most Limits.Settle for what the socket already holds.
 func (m *Monitor) Take() sandbox.Activity {
 	m.settle()
+	m.check()
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.st.take()
+}
+
+// check ends monitoring when the stream shows runsc is not reporting: it
+// never connected, or (ExpectStart) sent no container/start. Take and
+// Close check, Total (a view of so far) does not. By the time they are
+// called, the sandbox has started: runsc connects before it boots the
+// sandbox, and the sentry sends container/start before the first program
+// runs.
+func (m *Monitor) check() {
+	m.mu.Lock()
+	connected, started, lost := len(m.conns) > 0, m.st.started, m.st.lost != ""
+	m.mu.Unlock()
+	switch {
+	case lost:
+	case !connected:
+		m.lose("runsc never connected to the monitor's socket")
+	case m.expect && !started:
+		m.lose("no container/start point: runsc did not install the trace session (its boot log says why)")
+	}
 }
 
 // Total returns the activity of the sandbox's whole life so far (a
@@ -391,6 +418,7 @@ func (m *Monitor) Close() error {
 		return nil
 	}
 	m.settle()
+	m.check()
 	m.mu.Lock()
 	m.closing.Store(true)
 	conns := m.conns

@@ -137,6 +137,9 @@ func TestRules(t *testing.T) {
 		{"shell-from-python",
 			coldRun(fork(2, 4), execve(4, 2, "/usr/bin/dash", "/bin/sh", "-c", "true")),
 			coldRun(fork(2, 4), execve(4, 2, "/usr/bin/git", "git", "status"))},
+		{"shell-from-python", // python replacing itself with a shell (os.execv)
+			coldRun(execve(2, 1, "/bin/sh", "sh")),
+			coldRun(execve(2, 1, "/usr/bin/ls", "ls"))},
 		{"shell-from-python", // a shell started by the agent is not one
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, python), fork(2, 3), execve(3, 2, "/bin/bash")},
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, "/bin/bash")}},
@@ -152,6 +155,16 @@ func TestRules(t *testing.T) {
 			})...),
 			coldRun(storm(19, func(i int) proto.Message {
 				return connect(2, inet4([4]byte{10, 0, 0, byte(i)}, 80), int64(unix.ENETUNREACH))
+			})...)},
+		{"connect-storm", // unix connects (glibc's nscd probe) do not count
+			coldRun(append(storm(19, func(i int) proto.Message {
+				return connect(2, append([]byte{1, 0}, "/run/nscd/socket"...), int64(unix.ENOENT))
+			}),
+				storm(20, func(i int) proto.Message {
+					return connect(2, inet4([4]byte{10, 0, 0, byte(i)}, 80), int64(unix.ENETUNREACH))
+				})...)...),
+			coldRun(storm(40, func(i int) proto.Message {
+				return connect(2, append([]byte{1, 0}, "/run/nscd/socket"...), int64(unix.ENOENT))
 			})...)},
 		{"fork-storm",
 			coldRun(storm(199, func(i int) proto.Message { return fork(2, int32(100+i)) })...),
@@ -355,7 +368,7 @@ func TestHostileStreams(t *testing.T) {
 		{name: "total bound", lim: Limits{MaxEvents: 100}, lost: "more than 100 events",
 			feed: func(s *testSink) {
 				for i := range int32(150) {
-					s.send(fork(2, 10+i))
+					unix.Write(s.fd, frame(pb.MessageType_MESSAGE_SENTRY_CLONE, 0, fork(2, 10+i))) // fails once monitoring ends
 				}
 			},
 			check: func(t *testing.T, a sandbox.Activity) {
@@ -590,6 +603,8 @@ func TestParseRules(t *testing.T) {
 		{in: `[{"name": "fork-storm"}]`, want: "neither an event nor an action"},
 		{in: `[{"name": "a", "event": "open", "ports": [80]}]`, want: "ports applies only to the event connect or bind"},
 		{in: `[{"name": "a", "event": "connect", "ports": [70000]}]`, want: "port 70000 is out of range"},
+		{in: `[{"name": "a", "event": "connect", "families": ["ipv4"]}]`, want: `family "ipv4" is not one of inet, inet6`},
+		{in: `[{"name": "a", "event": "exec", "families": ["inet"]}]`, want: "families applies only to the event connect or bind"},
 		{in: `[{"name": "a", "event": "exec", "names": ["[x"]}]`, want: `pattern "[x" is not a valid glob`},
 		{in: `[{"name": "a", "event": "clone", "count": -1}]`, want: "count -1 is negative"},
 		{in: `[{"name": "a", "event": "exec", "action": "off"}]`, want: "action off with an event"},
@@ -621,5 +636,34 @@ func TestDefaultRulesAreValid(t *testing.T) {
 		if err := r.check(); err != nil || r.Action != ActionRecord || r.Description == "" {
 			t.Errorf("rule %s: %v (action %q)", r.Name, err, r.Action)
 		}
+	}
+}
+
+func TestSilentSession(t *testing.T) {
+	cases := []struct {
+		name   string
+		expect bool
+		feed   func(t *testing.T, m *Monitor)
+		lost   string
+	}{
+		{"never connected", false, func(*testing.T, *Monitor) {}, "runsc never connected"},
+		{"refused session: connected, silent", true, func(t *testing.T, m *Monitor) { dial(t, m) }, "no container/start point"},
+		{"fresh run", true, func(t *testing.T, m *Monitor) { dial(t, m).send(coldRun()...) }, ""},
+		{"restored run: no container/start", false, func(t *testing.T, m *Monitor) {
+			dial(t, m).send(fork(2, 4), execve(4, 2, "/bin/ls"))
+		}, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			m := startMonitor(t, Options{ExpectStart: c.expect})
+			c.feed(t, m)
+			got := m.Take()
+			if c.lost == "" && got.Lost != "" || !strings.Contains(got.Lost, c.lost) {
+				t.Errorf("lost %q, want %q", got.Lost, c.lost)
+			}
+			if c.lost != "" && !slices.Contains(hitNames(got), "monitor-incomplete") {
+				t.Errorf("monitor-incomplete did not fire: %+v", got.Rules)
+			}
+		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -56,7 +57,9 @@ type Rule struct {
 	Event string `json:"event"`
 	// Names (exec) match the base name of the binary or of argv[0].
 	Names []string `json:"names,omitempty"`
-	// ParentNames (exec) match the base name of the parent's binary.
+	// ParentNames (exec) match the base name of the parent's binary, or of
+	// the binary the process ran before this execve (python exec'ing a
+	// shell in its place).
 	ParentNames []string `json:"parent_names,omitempty"`
 	// Paths match the binary's path (exec) or the opened path (open).
 	Paths []string `json:"paths,omitempty"`
@@ -71,6 +74,9 @@ type Rule struct {
 	Write bool `json:"write,omitempty"`
 	// Ports (connect, bind) match the port of the address.
 	Ports []int `json:"ports,omitempty"`
+	// Families (connect, bind) match the address family: inet, inet6,
+	// unix, netlink, packet, unspec.
+	Families []string `json:"families,omitempty"`
 	// Count makes the rule fire once, at the Count-th matching event in
 	// the sandbox's life (e.g. "more than 20 connect attempts"); 0 or 1
 	// fires at every distinct matching event.
@@ -78,6 +84,9 @@ type Rule struct {
 	// Description is shown in the rule reference; free text.
 	Description string `json:"description,omitempty"`
 }
+
+// families are the address families a rule can name (familyName's).
+var families = []string{"inet", "inet6", "unix", "netlink", "packet", "unspec"}
 
 // shells are the shells the shell-from-python rule looks for.
 var shells = []string{"sh", "bash", "dash", "ash", "zsh", "ksh", "mksh", "csh", "tcsh", "fish", "busybox"}
@@ -111,8 +120,8 @@ func DefaultRules() []Rule {
 			Description: "a program named like a known cryptocurrency miner"},
 		{Name: "miner-pool-port", Event: EventConnect, Ports: minerPorts,
 			Description: "a connect attempt to a port mining pools customarily use"},
-		{Name: "connect-storm", Event: EventConnect, Count: 20,
-			Description: "the 20th connect attempt in the sandbox's life (a scan or a flood)"},
+		{Name: "connect-storm", Event: EventConnect, Count: 20, Families: []string{"inet", "inet6"},
+			Description: "the 20th IP connect attempt in the sandbox's life (a scan or a flood)"},
 		{Name: "fork-storm", Event: EventClone, Count: 200,
 			Description: "the 200th process created in the sandbox's life (a fork bomb)"},
 		{Name: "sensitive-read", Event: EventOpen, Paths: SensitivePaths,
@@ -127,7 +136,7 @@ func DefaultRules() []Rule {
 }
 
 // ruleFields lists Rule's JSON fields for the message of a misspelt one.
-const ruleFields = "name, action, event, names, parent_names, paths, not_in_image, written, write, ports, count, description"
+const ruleFields = "name, action, event, names, parent_names, paths, not_in_image, written, write, ports, families, count, description"
 
 // ParseRules reads an operator's rules file: a JSON array of rules applied
 // over DefaultRules. A rule named as a default replaces it, or, with no
@@ -233,6 +242,7 @@ func (r Rule) check() error {
 		only("written", r.Written, EventExec),
 		only("write", r.Write, EventOpen),
 		only("ports", len(r.Ports) > 0, EventConnect, EventBind),
+		only("families", len(r.Families) > 0, EventConnect, EventBind),
 	} {
 		if err != nil {
 			return err
@@ -243,6 +253,11 @@ func (r Rule) check() error {
 			if _, err := path.Match(strings.TrimSuffix(p, "/**"), ""); err != nil || p == "" {
 				return fmt.Errorf("pattern %q is not a valid glob (path.Match syntax, or a directory followed by /**)", p)
 			}
+		}
+	}
+	for _, f := range r.Families {
+		if !slices.Contains(families, f) {
+			return fmt.Errorf("family %q is not one of %s", f, strings.Join(families, ", "))
 		}
 	}
 	for _, p := range r.Ports {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -36,6 +37,9 @@ type state struct {
 	counts []int
 	// fired holds the hits already reported, so each fires once.
 	fired map[string]bool
+
+	// started says the container/start point came.
+	started bool
 
 	events      int64
 	lastDropped uint32
@@ -139,6 +143,7 @@ func (s *state) apply(m message) bool {
 	}
 	switch p := m.point.(type) {
 	case *pb.Start:
+		s.started = true
 		// The container's first process (safe-run's agent) has no execve
 		// point; its args name it for its children's parent_names.
 		if args := p.GetArgs(); len(args) > 0 {
@@ -227,6 +232,7 @@ func (s *state) exec(p *pb.ExecveInfo, cut bool) {
 		a.a.Processes = append(a.a.Processes, proc)
 	})
 	parent, parentKnown := s.procs[ppid]
+	previous, hadPrevious := s.procs[pid]
 	s.track(pid, binary)
 
 	by := fmt.Sprintf("pid %d", ppid)
@@ -242,7 +248,8 @@ func (s *state) exec(p *pb.ExecveInfo, cut bool) {
 	notInImage := written || p.GetBinaryInMemfd() || p.GetBinaryOverlayfsUpper() || match(writablePlaces, path.Clean(binary))
 	s.fire(EventExec, desc, func(r Rule) bool {
 		return (len(r.Names) == 0 || matchAny(r.Names, names)) &&
-			(len(r.ParentNames) == 0 || parentKnown && match(r.ParentNames, path.Base(parent))) &&
+			(len(r.ParentNames) == 0 || parentKnown && match(r.ParentNames, path.Base(parent)) ||
+				hadPrevious && match(r.ParentNames, path.Base(previous))) &&
 			(len(r.Paths) == 0 || match(r.Paths, path.Clean(binary))) &&
 			(!r.NotInImage || notInImage) &&
 			(!r.Written || written)
@@ -394,6 +401,9 @@ func (s *state) network(n sandbox.NetworkAttempt, port int) {
 	}
 	desc := fmt.Sprintf("%s %s %s by pid %d: %s", n.Op, n.Family, n.Address, n.PID, n.Result)
 	s.fire(event, desc, func(r Rule) bool {
+		if len(r.Families) > 0 && !slices.Contains(r.Families, n.Family) {
+			return false
+		}
 		if len(r.Ports) == 0 {
 			return true
 		}
