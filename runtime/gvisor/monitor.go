@@ -18,8 +18,8 @@ package gvisor
 //     context field "thread_group_id") does NOT fail the run: runsc logs
 //     "unable to configure event session" at warning level in its boot log
 //     and the sandbox runs unmonitored, its socket connected but silent.
-//     The backend therefore counts on the monitor's own check that the
-//     stream carries the container/start point of a fresh run.
+//     The backend therefore has the monitor check that the stream of a
+//     fresh run carries its container/start point (Options.ExpectStart).
 //   - The stream ends (EOF) when the sandbox ends; `runsc checkpoint` ends it
 //     too (the sandbox exits).
 //   - `runsc restore` restores no session: the restored sandbox is silent,
@@ -97,6 +97,9 @@ func (p *sandboxProc) startMonitor() error {
 	}
 	p.mon = sm // closeMonitor removes what was made, whatever fails next
 	opts.Log = p.log
+	// A fresh sandbox's stream must carry container/start (a session the
+	// sentry refused is silent); a restored one sends none.
+	opts.ExpectStart = p.restore == ""
 	opts.OnKill = func(hit sandbox.RuleHit) {
 		// The hit is in the Activity; the engine makes the run's status
 		// of it.

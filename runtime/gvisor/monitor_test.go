@@ -242,6 +242,9 @@ func TestMonitorPooled(t *testing.T) {
 	if shell == nil || !shell.Exited || shell.Parent == 0 {
 		t.Errorf("restored run: the shell is not in the activity, ended, with its parent: %+v", res.Activity.Processes)
 	}
+	if res.Activity.Lost != "" {
+		t.Errorf("restored run: monitoring lost: %s", res.Activity.Lost)
+	}
 	if res.Activity.Events["container_start"] != 0 {
 		t.Errorf("the restored run's activity holds the warm-up's container start: %v", res.Activity.Events)
 	}
