@@ -46,6 +46,7 @@ func TestEnvNames(t *testing.T) {
 	network := map[string]string{"allow-net": "SAFE_RUN_ALLOW_NET", "allow-packages": "SAFE_RUN_ALLOW_PACKAGES",
 		"net-max-connections": "SAFE_RUN_NET_MAX_CONNECTIONS", "net-max-bytes": "SAFE_RUN_NET_MAX_BYTES", "net-ca": "SAFE_RUN_NET_CA",
 		"pip-index-url": "SAFE_RUN_PIP_INDEX_URL", "npm-registry": "SAFE_RUN_NPM_REGISTRY"}
+	monitoring := map[string]string{"monitor": "SAFE_RUN_MONITOR", "monitor-rules": "SAFE_RUN_MONITOR_RULES"}
 	tls := map[string]string{"tls-cert": "SAFE_RUN_TLS_CERT", "tls-key": "SAFE_RUN_TLS_KEY", "insecure-http": "SAFE_RUN_INSECURE_HTTP"}
 	union := func(ms ...map[string]string) map[string]string {
 		out := map[string]string{}
@@ -57,14 +58,15 @@ func TestEnvNames(t *testing.T) {
 	var h hostFlags
 	var a auditFlags
 	var n netFlags
+	var m monitorFlags
 	var f serveConfig
 	_, serveEnv := newServeFlags(&f)
 	for _, tc := range []struct {
 		command   string
 		got, want map[string]string
 	}{
-		{"serve", serveEnv, union(host, audits, serve, network, netHost, tls)},
-		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register, n.register), union(host, audits, network, netHost)},
+		{"serve", serveEnv, union(host, audits, serve, network, netHost, tls, monitoring)},
+		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register, n.register, m.register), union(host, audits, network, netHost, monitoring)},
 		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register, n.registerHost), union(host, netHost)},
 	} {
 		for name, want := range tc.want {
