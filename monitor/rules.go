@@ -275,9 +275,17 @@ func (r Rule) check() error {
 func match(patterns []string, name string) bool {
 	for _, p := range patterns {
 		if dir, ok := strings.CutSuffix(p, "/**"); ok {
-			if name == dir || strings.HasPrefix(name, dir+"/") {
+			if strings.HasPrefix(name, dir) && (len(name) == len(dir) || name[len(dir)] == '/') {
 				return true
 			}
+			continue
+		}
+		// The literal prefix first: most names fail there, cheaply.
+		lit := literal(p)
+		if len(lit) == len(p) && p != name {
+			continue
+		}
+		if !strings.HasPrefix(name, lit) {
 			continue
 		}
 		if ok, _ := path.Match(p, name); ok {
@@ -285,4 +293,15 @@ func match(patterns []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// literal is the part of a glob before its first special character.
+func literal(p string) string {
+	for i := 0; i < len(p); i++ {
+		switch p[i] {
+		case '*', '?', '[', '\\':
+			return p[:i]
+		}
+	}
+	return p
 }

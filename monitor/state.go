@@ -116,7 +116,7 @@ func (s *state) lose(why string) {
 	}
 	s.lost = why
 	s.both(func(a *acc) { a.a.Lost = why })
-	s.fire(EventMonitorIncomplete, "monitoring ended early: "+why, nil)
+	s.fire(EventMonitorIncomplete, func() string { return "monitoring ended early: " + why }, nil)
 }
 
 // apply adds one message; false means monitoring has ended.
@@ -139,7 +139,7 @@ func (s *state) apply(m message) bool {
 	if d := m.dropped - s.lastDropped; d > 0 { // wraps as the sink's counter does
 		s.lastDropped = m.dropped
 		s.both(func(a *acc) { a.a.Dropped += int64(d) })
-		s.fire(EventMonitorIncomplete, fmt.Sprintf("%d trace points dropped by runsc (socket full)", d), nil)
+		s.fire(EventMonitorIncomplete, func() string { return fmt.Sprintf("%d trace points dropped by runsc (socket full)", d) }, nil)
 	}
 	switch p := m.point.(type) {
 	case *pb.Start:
@@ -239,7 +239,7 @@ func (s *state) exec(p *pb.ExecveInfo, cut bool) {
 	if parentKnown {
 		by = path.Base(clean(parent, s.lim.MaxPathLen))
 	}
-	desc := fmt.Sprintf("execve %s by %s (pid %d)", proc.Binary, by, pid)
+	desc := func() string { return fmt.Sprintf("execve %s by %s (pid %d)", proc.Binary, by, pid) }
 	names := []string{path.Base(binary)}
 	if len(rawArgv) > 0 {
 		names = append(names, path.Base(rawArgv[0]))
@@ -272,7 +272,7 @@ func (s *state) clone(p *pb.CloneInfo) {
 		return
 	}
 	s.both(func(a *acc) { a.a.Clones++ })
-	s.fire(EventClone, fmt.Sprintf("clone by pid %d (new pid %d)", pid(p), p.GetCreatedThreadGroupId()), func(Rule) bool { return true })
+	s.fire(EventClone, func() string { return fmt.Sprintf("clone by pid %d (new pid %d)", pid(p), p.GetCreatedThreadGroupId()) }, nil)
 }
 
 func (s *state) exit(p *pb.ExitNotifyParentInfo) {
@@ -311,12 +311,12 @@ func (s *state) open(p *pb.Open) {
 	write := flags&unix.O_ACCMODE != unix.O_RDONLY || flags&unix.O_CREAT != 0
 	res := result(p.GetExit())
 	ok := res == "ok"
-	shown := clean(name, s.lim.MaxPathLen)
 	if write && ok {
 		if len(s.written) < s.lim.MaxTracked {
 			s.written[name] = true
 		}
 		if !match(expectedWrites, name) && !match(quietDevices, name) {
+			shown := clean(name, s.lim.MaxPathLen)
 			s.both(func(a *acc) {
 				if a.files[shown] {
 					return
@@ -331,7 +331,7 @@ func (s *state) open(p *pb.Open) {
 		}
 	}
 	if match(SensitivePaths, name) {
-		entry := shown
+		entry := clean(name, s.lim.MaxPathLen)
 		if !ok {
 			entry += " (" + res + ")"
 		}
@@ -351,7 +351,9 @@ func (s *state) open(p *pb.Open) {
 	if write {
 		mode = "write"
 	}
-	desc := fmt.Sprintf("open %s for %s by pid %d: %s", shown, mode, pid(p), res)
+	desc := func() string {
+		return fmt.Sprintf("open %s for %s by pid %d: %s", clean(name, s.lim.MaxPathLen), mode, pid(p), res)
+	}
 	s.fire(EventOpen, desc, func(r Rule) bool {
 		return (len(r.Paths) == 0 || match(r.Paths, name)) && (!r.Write || write && ok)
 	})
@@ -399,7 +401,9 @@ func (s *state) network(n sandbox.NetworkAttempt, port int) {
 	default:
 		return
 	}
-	desc := fmt.Sprintf("%s %s %s by pid %d: %s", n.Op, n.Family, n.Address, n.PID, n.Result)
+	desc := func() string {
+		return fmt.Sprintf("%s %s %s by pid %d: %s", n.Op, n.Family, n.Address, n.PID, n.Result)
+	}
 	s.fire(event, desc, func(r Rule) bool {
 		if len(r.Families) > 0 && !slices.Contains(r.Families, n.Family) {
 			return false
@@ -445,11 +449,16 @@ func (s *state) signal(p *pb.Syscall) {
 }
 
 // fire applies the rules of an event: each whose matcher holds (nil holds
-// for every rule of the event) counts it, and fires when due.
-func (s *state) fire(event, desc string, matches func(Rule) bool) {
+// for every rule of the event) counts it, and fires when due; describe
+// gives the event's line.
+func (s *state) fire(event string, describe func() string, matches func(Rule) bool) {
+	desc := ""
 	for i, r := range s.rules {
 		if r.Event != event || matches != nil && !matches(r) {
 			continue
+		}
+		if desc == "" {
+			desc = describe() // only for a match: most events match no rule
 		}
 		event := desc
 		if r.Count > 1 {
