@@ -12,7 +12,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
 	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-quick bench-check fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service install-service uninstall-service verify-service soak vet bench bench-quick bench-check bench-monitor fuzz clean
 
 # Where `make install` puts safe-run, the agent, the network helper, the shim
 # and runsc, side by side (safe-run looks for the others next to itself).
@@ -114,6 +114,12 @@ bench-quick: deps build runsc rootfs
 # in one run; rewrites the README's bench-check table.
 bench-check: deps build runsc rootfs
 	$(GO) run ./scripts/bench -check -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
+
+# The behaviour monitor's overhead: print(1), import pandas and a file-heavy
+# program, cold, at --monitor off, default and full, interleaved; the README's
+# monitor table. About 8 minutes at the default 30 runs.
+bench-monitor: deps build runsc rootfs
+	$(GO) run ./scripts/bench -monitor -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # Each fuzz target for FUZZTIME, e.g. `make fuzz FUZZTIME=5m`. The seed
 # corpora are in each package's testdata/fuzz/; an input that fails is added
