@@ -157,7 +157,6 @@ func capped[T any](list []T, truncated *bool, n int, clean func(T) T) []T {
 	return out
 }
 
-
 // cleanList is list cut to MaxNetworkEntries, each cleaned and cut to
 // MaxEntryBytes; a list cut short ends with how long it was.
 func cleanList(list []string) []string {
