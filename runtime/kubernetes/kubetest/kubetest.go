@@ -24,6 +24,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -33,7 +34,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"strings"
 	"sync"
 	"syscall"
@@ -47,6 +47,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 )
@@ -106,6 +107,9 @@ func Start(t testing.TB) *Cluster {
 	c, err := start(bin, logDir)
 	if c != nil {
 		t.Cleanup(func() {
+			if t.Failed() {
+				c.printPods(t)
+			}
 			c.Stop()
 			if t.Failed() {
 				c.printLogs(t)
@@ -148,6 +152,7 @@ func Shared(t testing.TB) *Cluster {
 	c := shared.c
 	t.Cleanup(func() {
 		if t.Failed() {
+			c.printPods(t)
 			c.printLogs(t)
 		}
 	})
@@ -422,6 +427,22 @@ func (c *Cluster) waitNodeReady(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("wait for kwok to make node %s Ready: %w", NodeName, err)
 	}
+	// The API server's TaintNodesByCondition admission taints a new node
+	// not-ready; the node lifecycle controller, not run here (it would mark
+	// the fake node unreachable whenever a busy host delays kwok's
+	// heartbeats), removes that taint once the node is Ready: do it for it.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		n.Spec.Taints = nil
+		_, err = c.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("remove node %s's not-ready taint: %w", NodeName, err)
+	}
 	return nil
 }
 
@@ -489,6 +510,28 @@ func (p *process) stop() {
 	case <-time.After(stopTimeout):
 		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 		<-p.done
+	}
+}
+
+// printPods logs every Pod's node, phase and conditions: what a test that
+// waited in vain most often needs.
+func (c *Cluster) printPods(t testing.TB) {
+	if c.Client == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pods, err := c.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Logf("kubetest: list pods: %v", err)
+		return
+	}
+	for _, p := range pods.Items {
+		var conds []string
+		for _, cond := range p.Status.Conditions {
+			conds = append(conds, fmt.Sprintf("%s=%s %s %s", cond.Type, cond.Status, cond.Reason, cond.Message))
+		}
+		t.Logf("kubetest: pod %s/%s node %q phase %s conditions %v", p.Namespace, p.Name, p.Spec.NodeName, p.Status.Phase, conds)
 	}
 }
 
@@ -565,7 +608,7 @@ func moduleRoot() (string, error) {
 const agentSandboxModule = "sigs.k8s.io/agent-sandbox"
 
 // sandboxCRDs reads agent-sandbox's CRDs from the module cache, at the version
-// this test binary was built with (the Go types' version), and serves
+// of safe-run's go.mod (the Go types' version), and serves
 // v1beta1 alone: upstream converts between v1alpha1 and v1beta1 with a
 // webhook these tests do not run.
 func sandboxCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
@@ -604,33 +647,28 @@ func sandboxCRDs() ([]*apiextensionsv1.CustomResourceDefinition, error) {
 	return crds, nil
 }
 
-// moduleDir is where the module cache holds the version of mod this binary was built with.
+// moduleDir is where the module cache holds mod at the version safe-run's
+// go.mod requires (the version of the Go types the tests use), downloaded if
+// it is not there yet.
 func moduleDir(mod string) (string, error) {
-	info, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "", errors.New("no build info in the test binary")
-	}
-	version := ""
-	for _, d := range info.Deps {
-		if d.Path == mod {
-			version = d.Version
-			if d.Replace != nil {
-				return "", fmt.Errorf("%s is replaced (%s): kubetest reads its CRDs from the module cache", mod, d.Replace.Path)
-			}
-		}
-	}
-	if version == "" {
-		return "", fmt.Errorf("%s is not a dependency of the test binary", mod)
-	}
-	out, err := exec.Command("go", "env", "GOMODCACHE").Output()
+	root, err := moduleRoot()
 	if err != nil {
-		return "", fmt.Errorf("go env GOMODCACHE: %w", err)
+		return "", err
 	}
-	dir := filepath.Join(strings.TrimSpace(string(out)), mod+"@"+version)
-	if _, err := os.Stat(dir); err != nil {
-		return "", fmt.Errorf("%s@%s is not in the module cache (go mod download %s): %w", mod, version, mod, err)
+	cmd := exec.Command("go", "mod", "download", "-json", mod)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", mod, err)
 	}
-	return dir, nil
+	var info struct{ Dir, Version, Error string }
+	if err := json.Unmarshal(out, &info); err != nil {
+		return "", fmt.Errorf("go mod download %s: %w", mod, err)
+	}
+	if info.Error != "" || info.Dir == "" {
+		return "", fmt.Errorf("go mod download %s: no directory (%s)", mod, info.Error)
+	}
+	return info.Dir, nil
 }
 
 // selfSignedCert writes a certificate for 127.0.0.1 and its key into dir:

@@ -124,10 +124,11 @@ func TestControlPlane(t *testing.T) {
 	}{
 		{name: "echo", cmd: []string{"echo", "hi"}, stdout: "hi\n"},
 		// Through kwok a non-zero exit is not the kubelet's NonZeroExitCode
-		// status (client-go's exec.CodeExitError) but an error text; seen here:
-		// "Internal error occurred: error executing command in container:
-		// exit status 3". The backend's exit-code mapping is tested against a
-		// fake stream as well.
+		// status (client-go's exec.CodeExitError) but a plain error
+		// (*errors.errorString); seen here with kwok v0.8.0: "Internal error
+		// occurred: Internal error occurred: error executing command in
+		// container: cmd wait: sh -c exit 3: exit status 3". The backend's
+		// exit-code mapping is tested against a fake stream as well.
 		{name: "exit 3", cmd: []string{"sh", "-c", "exit 3"}, wantErr: "exit status 3"},
 	}
 	for _, tt := range tests {
