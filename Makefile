@@ -102,9 +102,9 @@ test: deps build runsc rootfs vet
 # kube-scheduler, kube-controller-manager, kwok (a fake node whose pods/exec
 # runs on this host) and the agent-sandbox controller, built once from the Go
 # module proxy at pinned versions into /var/cache/safe-run/kubernetes
-# (SAFE_RUN_KUBERNETES_CACHE to move it; ~10 min cold on 2 CPUs, then
-# nothing). SAFE_RUN_KUBERNETES=1 makes a missing binary fail the tests
-# instead of skipping them.
+# (SAFE_RUN_KUBERNETES_CACHE to move it; 10-25 min cold on 2 CPUs, then
+# nothing; the tests then take about 30 s). SAFE_RUN_KUBERNETES=1 makes a
+# missing binary fail the tests instead of skipping them.
 test-kubernetes: build
 	scripts/kubernetes/build-control-plane.sh
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \

@@ -11,6 +11,17 @@
 // script's --print-dir. Without them Start skips the test, unless
 // SAFE_RUN_KUBERNETES=1 (set by `make test-kubernetes`) makes it fail.
 //
+// etcd and kube-apiserver start through envtest rather than by hand: it
+// makes their certificates, ports, service account keys and admin user, waits
+// for health and installs the CRDs, and is what controller-runtime's own
+// users test with. The other components are exec'd here (envtest knows only
+// those two), each in its own process group, killed with the test binary.
+// envtest's two are not: a test binary killed by -timeout leaves them
+// running, which scripts/check-leftovers.sh reports.
+//
+// Start gives a test its own control plane (about 8 s); Shared, with Main in
+// TestMain, one for all of a package's tests, each in its own Namespace.
+//
 // kwok's local exec runs every exec'd command on this host, as the user the
 // tests run as (root in CI): no isolation at all. Tests exec only harmless
 // programs through it.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -148,6 +149,25 @@ func TestControlPlane(t *testing.T) {
 				t.Errorf("exec %q: stdout %q, want %q", tt.cmd, stdout.String(), tt.stdout)
 			}
 		})
+	}
+
+	// Deleting the claim takes its sandbox's Pod with it (single use).
+	if err := cl.Delete(ctx, claim); err != nil {
+		t.Fatalf("delete claim: %v", err)
+	}
+	waitPodGone(ctx, t, c, ns, pod)
+}
+
+// waitPodGone waits for the Pod to be deleted (kwok finishes a deleted Pod's
+// termination, as a kubelet would).
+func waitPodGone(ctx context.Context, t *testing.T, c *Cluster, ns, pod string) {
+	t.Helper()
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
+		return apierrors.IsNotFound(err), nil
+	})
+	if err != nil {
+		t.Fatalf("pod %s/%s still there: %v", ns, pod, err)
 	}
 }
 
