@@ -101,16 +101,7 @@ type process struct {
 // logs go to files in t.TempDir(), printed (their ends) if t failed.
 func Start(t testing.TB) *Cluster {
 	t.Helper()
-	bin, err := binDir()
-	if err == nil {
-		err = checkBuilt(bin)
-	}
-	if err != nil {
-		if os.Getenv("SAFE_RUN_KUBERNETES") == "1" {
-			t.Fatalf("kubetest: %v (SAFE_RUN_KUBERNETES=1: the control plane must be there; `make test-kubernetes` builds it)", err)
-		}
-		t.Skipf("kubetest: %v; `make test-kubernetes` builds the control plane and runs these tests", err)
-	}
+	bin := built(t)
 	logDir := t.TempDir()
 	c, err := start(bin, logDir)
 	if c != nil {
@@ -125,6 +116,73 @@ func Start(t testing.TB) *Cluster {
 		t.Fatalf("kubetest: start the control plane: %v", err)
 	}
 	return c
+}
+
+var shared struct {
+	sync.Mutex
+	c      *Cluster
+	err    error
+	logDir string
+}
+
+// Shared is Start for a package's tests that can share one control plane
+// (each in its own Namespace): started by the first test that asks, stopped
+// by Main after the last. The package's TestMain must call Main.
+func Shared(t testing.TB) *Cluster {
+	t.Helper()
+	bin := built(t)
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.c == nil && shared.err == nil {
+		shared.logDir, shared.err = os.MkdirTemp("", "kubetest-")
+		if shared.err == nil {
+			shared.c, shared.err = start(bin, shared.logDir)
+		}
+	}
+	if shared.err != nil {
+		if shared.c != nil {
+			shared.c.printLogs(t)
+		}
+		t.Fatalf("kubetest: start the shared control plane: %v", shared.err)
+	}
+	c := shared.c
+	t.Cleanup(func() {
+		if t.Failed() {
+			c.printLogs(t)
+		}
+	})
+	return c
+}
+
+// Main runs a package's tests (m.Run) and then stops the control plane
+// Shared started, removing its logs; call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	shared.Lock()
+	if shared.c != nil {
+		shared.c.Stop()
+	}
+	if shared.logDir != "" {
+		os.RemoveAll(shared.logDir)
+	}
+	shared.Unlock()
+	os.Exit(code)
+}
+
+// built is the binaries' directory, or skips t (fails it under SAFE_RUN_KUBERNETES=1).
+func built(t testing.TB) string {
+	t.Helper()
+	bin, err := binDir()
+	if err == nil {
+		err = checkBuilt(bin)
+	}
+	if err != nil {
+		if os.Getenv("SAFE_RUN_KUBERNETES") == "1" {
+			t.Fatalf("kubetest: %v (SAFE_RUN_KUBERNETES=1: the control plane must be there; `make test-kubernetes` builds it)", err)
+		}
+		t.Skipf("kubetest: %v; `make test-kubernetes` builds the control plane and runs these tests", err)
+	}
+	return bin
 }
 
 // Namespace creates a fresh namespace for t, deleted when t ends.
