@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # check-leftovers.sh — fail if any safe-run sandbox left something on this
-# host: a runsc process, a network helper (safe-run-net), a run's cgroup, a
+# host: a runsc process, a network helper (safe-run-net), a process of the
+# kubernetes tests' control plane, a run's cgroup, a
 # mount (the null or the per-sandbox network namespace), a sandbox link's
 # address in the host's network namespace, or a per-run state directory.
 set -uo pipefail
@@ -14,6 +15,11 @@ done < <(pgrep -a -f 'runsc .*safe-run-[0-9a-f]{8}-' || true)
 while read -r pid args; do
 	report "network helper $pid: $args"
 done < <(pgrep -a -x safe-run-net || true)
+# make test-kubernetes's control plane (runtime/kubernetes/kubetest), from
+# the binaries' cache directory named by their versions.
+while read -r pid args; do
+	report "control plane process $pid: $args"
+done < <(pgrep -a -f '^[^ ]*/etcd-v[^/ ]*\.kube-v[^/ ]*/bin/' || true)
 # A sandbox's link lives in its own network namespace, which goes with its
 # last process; its address (198.18.0.0/15) in the host's is a leak.
 while read -r line; do
@@ -33,4 +39,4 @@ fi
 if ((bad)); then
 	exit 1
 fi
-echo "nothing left behind: no runsc process, network helper, cgroup, mount, link or state directory of a run" >&2
+echo "nothing left behind: no runsc process, network helper, control plane process, cgroup, mount, link or state directory of a run" >&2

@@ -299,9 +299,13 @@ func start(bin, logDir string) (c *Cluster, err error) {
 		{"kwok", kwokArgs},
 		{"kube-scheduler", []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0"}},
 		// The garbage collector deletes what a deleted object owned (a Sandbox's
-		// Pod), the namespace controller empties deleted namespaces.
+		// Pod), the namespace controller empties deleted namespaces, the
+		// service account controller makes each namespace's default one, and
+		// the deployment and replica set controllers turn a Deployment (the
+		// server's own manifests) into Pods for kwok to run.
 		{"kube-controller-manager", []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false", "--secure-port=0",
-			"--controllers=garbagecollector,namespace,serviceaccount", "--use-service-account-credentials=false"}},
+			"--controllers=garbage-collector-controller,namespace-controller,serviceaccount-controller,deployment-controller,replicaset-controller",
+			"--use-service-account-credentials=false"}},
 		{"agent-sandbox-controller", []string{"--kubeconfig=" + c.Kubeconfig, "--leader-elect=false",
 			"--enable-webhook=false", "--manage-webhook-certs=false", "--extensions=true",
 			"--metrics-bind-address=0", fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", probe)}},
