@@ -286,7 +286,7 @@ func toUnstructured(obj any) (*unstructured.Unstructured, error) {
 
 // image is the cluster image of job.
 func (b *Backend) image(job sandbox.Job) (string, error) {
-	if job.Image == "" {
+	if job.Image == "" || job.Image == b.cfg.Image {
 		return b.cfg.Image, nil
 	}
 	if ref, ok := b.cfg.Images[job.Image]; ok {
