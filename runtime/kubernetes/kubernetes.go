@@ -198,7 +198,11 @@ func newBackend(cfg Config, dyn dynamic.Interface, exec executorFunc) (*Backend,
 		spec: SpecConfig{Namespace: cfg.Namespace, RuntimeClass: cfg.RuntimeClass, Image: cfg.Image, PodLifetime: cfg.PodLifetime}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := b.create(ctx, policiesResource, DenyAll(cfg.Namespace)); err != nil {
+	if err := b.create(ctx, policiesResource, DenyAll(cfg.Namespace)); apierrors.IsForbidden(err) {
+		// The templates' own policies deny all as well; an operator may
+		// ship this one instead of letting the server create it.
+		b.log.Warn("cannot create the deny-all NetworkPolicy: ship it with the deployment", "name", DenyAllPolicyName, "err", err)
+	} else if err != nil {
 		return nil, clusterError("create the NetworkPolicy %s: %v", DenyAllPolicyName, err)
 	}
 	for _, w := range cfg.Warm {

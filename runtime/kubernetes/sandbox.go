@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -162,7 +163,7 @@ func (p *claimSandbox) Usage() engine.Usage {
 			oom = true
 			break
 		}
-		if err != nil || podRunning(&now) && p.cleanExit() || ctx.Err() != nil {
+		if err != nil || p.endedOrderly() || ctx.Err() != nil {
 			break
 		}
 		select {
@@ -176,12 +177,14 @@ func (p *claimSandbox) Usage() engine.Usage {
 	return usage(oom)
 }
 
-// cleanExit says the agent's exec ended with the agent's own exit, so
-// the container was not killed under it.
-func (p *claimSandbox) cleanExit() bool {
+// endedOrderly says the sandbox ended as the agent or the backend meant:
+// the agent exited 0, or the sandbox was killed. Any other end may be the
+// container's death under it, whose OOM kill the kubelet reports only a
+// moment later.
+func (p *claimSandbox) endedOrderly() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.report) >= len("agent exit status") && p.report[:len("agent exit status")] == "agent exit status"
+	return strings.HasPrefix(p.report, "agent exit status 0") || strings.HasPrefix(p.report, "killed")
 }
 
 func usage(oom bool) engine.Usage {
@@ -224,7 +227,11 @@ func (p *claimSandbox) remove() error {
 	case <-time.After(2 * time.Second):
 	}
 	p.cancel()
-	<-p.exited
+	select {
+	case <-p.exited:
+	case <-time.After(30 * time.Second):
+		p.log.Error("the agent's exec did not end when cancelled; deleting its claim anyway")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
