@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	sandboxv1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
@@ -54,6 +55,7 @@ func setUp(t *testing.T, cfg kubernetes.Config) (*kubetest.Cluster, *kubernetes.
 	if _, err := c.Client.NodeV1().RuntimeClasses().Create(context.Background(), rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
+	untaint(t, c)
 	cfg.RESTConfig, cfg.Namespace = c.RESTConfig, c.Namespace(t)
 	if cfg.Image == "" {
 		cfg.Image = "safe-run.invalid/sandbox:test" // kwok runs no image
@@ -75,6 +77,17 @@ func setUp(t *testing.T, cfg kubernetes.Config) (*kubetest.Cluster, *kubernetes.
 		}
 	})
 	return c, b, dyn
+}
+
+// untaint removes the not-ready taint the API server puts on a new node:
+// the node lifecycle controller, which removes it once the node is Ready,
+// does not run in kubetest's controller manager, so no Pod would schedule.
+func untaint(t *testing.T, c *kubetest.Cluster) {
+	t.Helper()
+	patch := []byte(`{"spec":{"taints":null}}`)
+	if _, err := c.Client.CoreV1().Nodes().Patch(context.Background(), kubetest.NodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("untaint the node: %v", err)
+	}
 }
 
 // agentBinary is the host's safe-run-agent, which kwok's exec runs.
