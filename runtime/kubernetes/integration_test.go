@@ -334,3 +334,42 @@ func TestReapDeadServer(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// TestSession keeps a bash interpreter across calls in one claim (`x=1`,
+// then `echo $x`: harmless on the host), whose claim any server can read
+// as a session's, and which is gone once the session is closed.
+func TestSession(t *testing.T) {
+	_, b, dyn := setUp(t, kubernetes.Config{})
+	e := newEngine(t, b)
+	ctx := context.Background()
+	info, err := e.CreateSession(ctx, sandbox.SessionSpec{Language: "bash"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claim string
+	for i, code := range []string{"x=41", "echo $((x+1))"} {
+		res, err := e.RunInSession(ctx, info.ID, sandbox.Job{Language: "bash", Code: code})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != sandbox.StatusOK || (i == 1 && res.Stdout != "42\n") {
+			t.Fatalf("call %d %q: %+v", i, code, res)
+		}
+		claim = res.SandboxID
+	}
+	sessions, err := b.Claims(ctx, kubernetes.KindSession)
+	if err != nil || len(sessions) != 1 || sessions[0].Name != claim {
+		t.Errorf("session claims = %+v, %v; want %s", sessions, err, claim)
+	}
+	if err := e.CloseSession(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := e.Wait(wctx); err != nil {
+		t.Fatal(err)
+	}
+	if !claimGone(t, dyn, b.Namespace(), claim) {
+		t.Errorf("the closed session's claim %s is still there", claim)
+	}
+}
