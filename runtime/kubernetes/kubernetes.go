@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/klog/v2"
 	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
 	"github.com/safe-run/safe-run/bundle"
@@ -149,6 +150,13 @@ func New(cfg Config) (*Backend, error) {
 				cfg.Namespace = ns
 			}
 		}
+	}
+	if cfg.Logger != nil {
+		// client-go reports through klog, to stderr in its own format; a
+		// killed sandbox's exec stream alone logs four lines. They go to
+		// the server's logger instead. (klog is global: one backend per
+		// process, as in the CLI.)
+		klog.SetSlogLogger(cfg.Logger.With("component", "client-go"))
 	}
 	dyn, err := dynamic.NewForConfig(rc)
 	if err != nil {
