@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"runtime"
 	"syscall"
 
@@ -25,7 +26,12 @@ func main() {
 	oneShot := flag.Bool("one-shot", false, "serve one request, then kill every other process and exit")
 	uid := flag.Int("uid", -1, "run programs as this user (and own their files); -1: as the agent's own")
 	gid := flag.Int("gid", -1, "run programs with this group; -1: the agent's own")
+	wait := flag.Bool("wait", false, "serve nothing: wait for SIGTERM, reaping orphans (a Kubernetes sandbox Pod's process)")
 	flag.Parse()
+	if *wait {
+		waitForTerm()
+		return
+	}
 	cfg := agent.Config{Workdir: *workdir, OneShot: *oneShot}
 	if *uid >= 0 || *gid >= 0 {
 		if *uid < 0 || *gid < 0 {
@@ -38,5 +44,29 @@ func main() {
 	if err := agent.Serve(os.Stdin, os.Stdout, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "safe-run-agent:", err)
 		os.Exit(1)
+	}
+}
+
+// waitForTerm is the --wait mode, the process of a Kubernetes sandbox Pod:
+// there the agent that serves requests is exec'd into the Pod per run, and
+// the container's own process must only keep the Pod alive. It is the
+// agent rather than `sleep` because the agent is the one program every
+// safe-run image is known to have. As the Pod's pid 1 it must handle
+// SIGTERM itself (the kernel gives pid 1 no default action, so the Pod
+// would wait out its grace period) and reap the orphans of exec'd agents,
+// as init does; it starts and signals nothing.
+func waitForTerm() {
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGCHLD)
+	for sig := range sigs {
+		if sig != syscall.SIGCHLD {
+			return
+		}
+		for {
+			var ws syscall.WaitStatus
+			if pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil); pid <= 0 || err != nil {
+				break
+			}
+		}
 	}
 }

@@ -3,14 +3,20 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"slices"
 
+	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/runtime/gvisor"
+	"github.com/safe-run/safe-run/runtime/kubernetes"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
-// This file is the one place where cmd/safe-run names the backend that
-// starts sandboxes (package gvisor) and builds the engine over it: another
+// This file is the one place where cmd/safe-run names the backends that
+// start sandboxes (package gvisor on this host, package kubernetes in a
+// cluster, chosen by --backend) and builds the engine over them: another
 // backend is chosen here, and nowhere else in cmd/.
 
 // backend is what the commands use of the sandbox runner: runs, sessions,
@@ -34,12 +40,22 @@ type backend interface {
 // backendConfig configures the backend and the engine over it.
 type backendConfig struct {
 	Backend gvisor.Config
-	Engine  engine.Config
+	// Kube, if set, makes the backend the kubernetes one instead.
+	Kube   *kubernetes.Config
+	Engine engine.Config
 }
 
 // newBackend starts the backend that cfg describes and the engine over it.
 func newBackend(cfg backendConfig) (backend, error) {
-	be, err := gvisor.New(cfg.Backend)
+	var (
+		be  engine.Backend
+		err error
+	)
+	if cfg.Kube != nil {
+		be, err = newKubeBackend(&cfg)
+	} else {
+		be, err = gvisor.New(cfg.Backend)
+	}
 	if err != nil {
 		return nil, withHint(err)
 	}
@@ -103,6 +119,8 @@ var backendHints = []struct {
 	{gvisor.ErrStateDirFull, "free space there or choose another with --state-dir or " + envName("state-dir")},
 	{gvisor.ErrStateDir, "remove it or make it and its parents private to you, or choose another with --state-dir or " + envName("state-dir")},
 	{gvisor.ErrMemoryUnwatched, "run safe-run as root or in a delegated cgroup (see docs/rootless.md)"},
+	{kubernetes.ErrCluster, "name the cluster with --kubeconfig and the namespace with --namespace (or run in the cluster), and the image with --image"},
+	{kubernetes.ErrPod, "see the Pod's events (`kubectl get events -n NAMESPACE`); check --runtime-class, --image and the nodes' capacity"},
 }
 
 // hint returns the fix for err, or "".
@@ -130,4 +148,69 @@ func withHint(err error) error {
 		return &hintedError{err: err, hint: h}
 	}
 	return err
+}
+
+// kubeFlags choose the backend and, for the kubernetes one, the cluster.
+// Serve and run register them; with --backend kubernetes, --image is the
+// image the cluster pulls (see `safe-run image push`).
+type kubeFlags struct {
+	backend, kubeconfig, namespace, runtimeClass string
+}
+
+func (k *kubeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&k.backend, "backend", "gvisor", "what starts sandboxes: gvisor (runsc on this host) or kubernetes (gVisor Pods through agent-sandbox; --image is then the image the cluster pulls)")
+	fs.StringVar(&k.kubeconfig, "kubeconfig", "", "kubeconfig `file` of --backend kubernetes (default: $KUBECONFIG, ~/.kube/config, else the in-cluster service account)")
+	fs.StringVar(&k.namespace, "namespace", "", "namespace of --backend kubernetes's sandboxes (default: the kubeconfig context's, or the server Pod's)")
+	fs.StringVar(&k.runtimeClass, "runtime-class", kubernetes.DefaultRuntimeClass, "RuntimeClass of --backend kubernetes's sandbox Pods (gVisor's)")
+}
+
+// runtimeConfig is the runtime configuration of the chosen backend: the
+// host's (hostFlags.runtimeConfig), or the cluster's, which needs nothing
+// of this host — no runsc, no privileges, no image cache.
+func (k *kubeFlags) runtimeConfig(h *hostFlags) (backendConfig, error) {
+	switch k.backend {
+	case "", "gvisor":
+		return h.runtimeConfig()
+	case "kubernetes":
+	default:
+		return backendConfig{}, usageError("--backend %q is not one of gvisor and kubernetes", k.backend)
+	}
+	if h.image == rootfs.DefaultName {
+		return backendConfig{}, usageError("--backend kubernetes needs --image: the image the cluster pulls, with the agent in it (push one with `safe-run image push default REF`, then pass --image REF)")
+	}
+	logger := newLogger()
+	var cfg backendConfig
+	cfg.Kube = &kubernetes.Config{Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
+		Image: h.image, Logger: logger}
+	cfg.Engine.Policy, cfg.Engine.Logger = sandbox.Policy{Languages: h.languageTable()}, logger
+	return cfg, nil
+}
+
+// newKubeBackend starts the kubernetes backend. The pool's sizes become
+// agent-sandbox warm pools of each language's default job; the engine
+// keeps no pool of its own over it (a claimed sandbox is single use).
+func newKubeBackend(cfg *backendConfig) (engine.Backend, error) {
+	kc := *cfg.Kube
+	kc.Logger = cfg.Engine.Logger
+	if !cfg.Engine.Pool.OnDemand {
+		langs := make([]string, 0, len(cfg.Engine.Pool.Size))
+		for lang := range cfg.Engine.Pool.Size {
+			langs = append(langs, lang)
+		}
+		slices.Sort(langs)
+		for _, lang := range langs {
+			n := cfg.Engine.Pool.Size[lang]
+			if n <= 0 {
+				continue
+			}
+			job, l, err := cfg.Engine.Policy.Check(sandbox.Job{Language: lang, Code: "pass"})
+			if err != nil {
+				return nil, fmt.Errorf("--pool %s: %w", lang, err)
+			}
+			job.Image = l.Image
+			kc.Warm = append(kc.Warm, kubernetes.Warm{Job: job, Replicas: n})
+		}
+	}
+	cfg.Engine.Pool = engine.PoolConfig{}
+	return kubernetes.New(kc)
 }

@@ -63,6 +63,7 @@ func cmdRun(args []string) int {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var (
 		host    hostFlags
+		kube    kubeFlags
 		audits  auditFlags
 		net     netFlags
 		mon     monitorFlags
@@ -79,7 +80,7 @@ func cmdRun(args []string) int {
 		timeout = fs.Duration("timeout", 0, "wall-clock limit of the program (default "+sandbox.DefaultLimits.Timeout.String()+")")
 		warm    = fs.Bool("warm", false, "restore a cached checkpoint of a warm interpreter instead of starting cold (Python, with numpy, pandas and matplotlib imported; built on first use)")
 	)
-	env := registerWithEnv(fs, host.register, audits.register, net.register, mon.register)
+	env := registerWithEnv(fs, host.register, kube.register, audits.register, net.register, mon.register)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), runUsage); printSettings(fs, env) }
 	fs.BoolVar(&outOpts.overwrite, "out-overwrite", false, "let --out replace existing regular files in DIR")
 	fs.BoolVar(&outOpts.allowVCS, "out-allow-vcs", false, "let --out DIR be the root of a version-control checkout (.git, .hg, .svn, ...)")
@@ -128,7 +129,7 @@ func cmdRun(args []string) int {
 		return fail(err)
 	}
 	defer closeAuditLog(auditLog, audits.path, logger)
-	cfg, err := host.runtimeConfig()
+	cfg, err := kube.runtimeConfig(&host)
 	if err != nil {
 		return fail(err)
 	}

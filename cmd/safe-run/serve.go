@@ -50,6 +50,7 @@ Flags:
 // files are opened, sockets bound and sandboxes started.
 type serveConfig struct {
 	host          hostFlags
+	kube          kubeFlags
 	config        string
 	http          string
 	token         string // the token itself, read from tokenFile if one is named
@@ -104,6 +105,7 @@ func (f *serveConfig) register(fs *flag.FlagSet) {
 	fs.DurationVar(&f.sessions.IdleTimeout, "session-idle", defaultSessions.IdleTimeout, "end a session unused this long")
 	fs.DurationVar(&f.sessions.MaxLifetime, "session-max-age", defaultSessions.MaxLifetime, "end a session this long after it starts")
 	f.pool.register(fs)
+	f.kube.register(fs)
 	fs.DurationVar(&f.cacheTTL, "cache-ttl", 0, "reuse the result of an identical run_code call (not in sessions) for this `long`; 0 disables")
 	f.cacheSize = 64 * sandbox.MiB
 	fs.Var(sizeFlag{&f.cacheSize}, "cache-size", "most output kept by the result cache (a `size`)")
@@ -249,7 +251,7 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 	}
 	s.auditLog = auditLog
 
-	cfg, err := f.host.runtimeConfig()
+	cfg, err := f.kube.runtimeConfig(&f.host)
 	if err != nil {
 		return s, err
 	}

@@ -47,6 +47,8 @@ func TestEnvNames(t *testing.T) {
 		"net-max-connections": "SAFE_RUN_NET_MAX_CONNECTIONS", "net-max-bytes": "SAFE_RUN_NET_MAX_BYTES", "net-ca": "SAFE_RUN_NET_CA",
 		"pip-index-url": "SAFE_RUN_PIP_INDEX_URL", "npm-registry": "SAFE_RUN_NPM_REGISTRY"}
 	monitoring := map[string]string{"monitor": "SAFE_RUN_MONITOR", "monitor-rules": "SAFE_RUN_MONITOR_RULES"}
+	kube := map[string]string{"backend": "SAFE_RUN_BACKEND", "kubeconfig": "SAFE_RUN_KUBECONFIG", "namespace": "SAFE_RUN_NAMESPACE",
+		"runtime-class": "SAFE_RUN_RUNTIME_CLASS"}
 	tls := map[string]string{"tls-cert": "SAFE_RUN_TLS_CERT", "tls-key": "SAFE_RUN_TLS_KEY", "insecure-http": "SAFE_RUN_INSECURE_HTTP"}
 	union := func(ms ...map[string]string) map[string]string {
 		out := map[string]string{}
@@ -59,14 +61,15 @@ func TestEnvNames(t *testing.T) {
 	var a auditFlags
 	var n netFlags
 	var m monitorFlags
+	var k kubeFlags
 	var f serveConfig
 	_, serveEnv := newServeFlags(&f)
 	for _, tc := range []struct {
 		command   string
 		got, want map[string]string
 	}{
-		{"serve", serveEnv, union(host, audits, serve, network, netHost, tls, monitoring)},
-		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, a.register, n.register, m.register), union(host, audits, network, netHost, monitoring)},
+		{"serve", serveEnv, union(host, audits, serve, network, netHost, tls, monitoring, kube)},
+		{"run", registerWithEnv(flag.NewFlagSet("run", flag.ContinueOnError), h.register, k.register, a.register, n.register, m.register), union(host, audits, network, netHost, monitoring, kube)},
 		{"doctor", registerWithEnv(flag.NewFlagSet("doctor", flag.ContinueOnError), h.register, n.registerHost), union(host, netHost)},
 	} {
 		for name, want := range tc.want {
