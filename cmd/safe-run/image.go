@@ -48,8 +48,8 @@ image, default %s), --max-file-size SIZE (one file, default %s).
 // imageFlags are the flags of every image command.
 type imageFlags struct {
 	cacheDir, name, key, agent string
-	asJSON, replace     bool
-	limits              rootfs.ExtractLimits
+	asJSON, replace            bool
+	limits                     rootfs.ExtractLimits
 }
 
 // imageVerbs are the image commands, one function each.
