@@ -12,7 +12,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
 	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service test-kubernetes install-service uninstall-service verify-service soak vet bench bench-quick bench-check bench-monitor fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service test-kubernetes test-kubernetes-cluster install-service uninstall-service verify-service soak vet bench bench-quick bench-check bench-monitor fuzz clean
 
 # Where `make install` puts safe-run, the agent, the network helper, the shim
 # and runsc, side by side (safe-run looks for the others next to itself).
@@ -108,7 +108,14 @@ test: deps build runsc rootfs vet
 test-kubernetes: build
 	scripts/kubernetes/build-control-plane.sh
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \
-		$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 30m ./runtime/kubernetes/...
+		$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 30m ./runtime/kubernetes/... ./deploy/kubernetes/
+
+# The manifests' test against a real cluster (real kubelets, the gVisor
+# RuntimeClass, the image pulled): make test-kubernetes-cluster KUBECONFIG=FILE.
+# It applies deploy/kubernetes to the cluster (namespace safe-run) and leaves it there.
+test-kubernetes-cluster:
+	@test -n "$(KUBECONFIG)" || { echo "give the cluster's admin kubeconfig: make test-kubernetes-cluster KUBECONFIG=FILE"; exit 2; }
+	SAFE_RUN_KUBECONFIG=$(abspath $(KUBECONFIG)) $(GO) test -count=1 -v -timeout 10m ./deploy/kubernetes/
 
 # Side-by-side latency and throughput of each layer (chroot, runsc, the CLI,
 # MCP with the pool off and on), the warm pool spaced and back to back, CPU

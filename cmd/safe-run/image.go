@@ -30,6 +30,8 @@ Commands:
   rm NAME...                          remove names, and images no name points to any more
   dir                                 print the cache directory
   check [--name NAME] [--key KEY]     exit 0 if NAME is in the cache, complete (and has KEY)
+  push [--agent PATH] NAME REF        push the cached image NAME, with the agent at /.safe-run/agent,
+                                      to the registry as the tag REF (credentials as for pull)
 
 An image is named by REF when pulled, by its archive's tag when imported (or
 "default" for a root file system tar), unless --name says otherwise. A name
@@ -45,15 +47,15 @@ image, default %s), --max-file-size SIZE (one file, default %s).
 
 // imageFlags are the flags of every image command.
 type imageFlags struct {
-	cacheDir, name, key string
-	asJSON, replace     bool
-	limits              rootfs.ExtractLimits
+	cacheDir, name, key, agent string
+	asJSON, replace            bool
+	limits                     rootfs.ExtractLimits
 }
 
 // imageVerbs are the image commands, one function each.
 var imageVerbs = map[string]func(ctx context.Context, f imageFlags, operands []string) int{
 	"pull": imagePull, "import": imageImport, "build": imageBuild, "ls": imageList,
-	"rm": imageRemove, "dir": imageDir, "check": imageCheck,
+	"rm": imageRemove, "dir": imageDir, "check": imageCheck, "push": imagePush,
 }
 
 func cmdImage(args []string) int {
@@ -71,6 +73,7 @@ func cmdImage(args []string) int {
 	fs.StringVar(&f.name, "name", "", "image name")
 	fs.StringVar(&f.key, "key", "", "content key of a root file system archive (import: default the archive's SHA-256)")
 	fs.BoolVar(&f.asJSON, "json", false, "print JSON")
+	fs.StringVar(&f.agent, "agent", "", "push: the safe-run-agent binary to put in the image (default: the one next to safe-run)")
 	fs.BoolVar(&f.replace, "replace", false, "pull, import: point an existing name at the new image")
 	fs.Var(sizeFlag{&f.limits.MaxBytes}, "max-size", "most bytes of files in one image")
 	fs.Var(sizeFlag{&f.limits.MaxFileBytes}, "max-file-size", "largest file in an image")

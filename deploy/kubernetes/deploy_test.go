@@ -1,0 +1,242 @@
+package deploy
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+	// kubetest installs the CRDs of the agent-sandbox its test binary is built with.
+	_ "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+
+	"github.com/safe-run/safe-run/runtime/kubernetes/kubetest"
+)
+
+// serverAccess is every (group, resource, verb) runtime/kubernetes calls
+// on, so what the server's Role must allow, and all it may allow.
+var serverAccess = []string{
+	"extensions.agents.x-k8s.io/sandboxclaims:create",
+	"extensions.agents.x-k8s.io/sandboxclaims:get",
+	"extensions.agents.x-k8s.io/sandboxclaims:list",
+	"extensions.agents.x-k8s.io/sandboxclaims:patch",
+	"extensions.agents.x-k8s.io/sandboxclaims:delete",
+	"extensions.agents.x-k8s.io/sandboxtemplates:create",
+	"extensions.agents.x-k8s.io/sandboxwarmpools:create",
+	"agents.x-k8s.io/sandboxes:get",
+	"agents.x-k8s.io/sandboxes:list",
+	"agents.x-k8s.io/sandboxes:delete",
+	"/pods:get",
+	"/pods:list",
+	"/pods:delete",
+	"/pods/exec:create",
+	"/events:list",
+	"networking.k8s.io/networkpolicies:create",
+}
+
+// cluster is the admin configuration of the cluster the test applies to:
+// the one in $SAFE_RUN_KUBECONFIG (a real cluster: `make
+// test-kubernetes-cluster KUBECONFIG=…`), else a control plane of
+// kubetest's. The real one gets the objects in the namespace safe-run,
+// left there for a look; kubetest's is gone after the test.
+func cluster(t *testing.T) *rest.Config {
+	t.Helper()
+	if kc := os.Getenv("SAFE_RUN_KUBECONFIG"); kc != "" {
+		cfg, err := clientcmd.BuildConfigFromFlags("", kc)
+		if err != nil {
+			t.Fatalf("SAFE_RUN_KUBECONFIG=%s: %v", kc, err)
+		}
+		return cfg
+	}
+	return kubetest.Start(t).RESTConfig
+}
+
+// as is admin impersonating the ServiceAccount name of the namespace
+// safe-run: the identity the server's Pod has.
+func as(admin *rest.Config, name string) kubernetes.Interface {
+	cfg := rest.CopyConfig(admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:safe-run:" + name,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:safe-run", "system:authenticated"}}
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+// build runs kustomize on this directory, as `kubectl apply -k` would.
+func build(t *testing.T) []*unstructured.Unstructured {
+	t.Helper()
+	m, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), ".")
+	if err != nil {
+		t.Fatalf("kustomize build: %v", err)
+	}
+	var out []*unstructured.Unstructured
+	for _, r := range m.Resources() {
+		obj, err := r.Map()
+		if err != nil {
+			t.Fatalf("kustomize build: %s: %v", r.CurId(), err)
+		}
+		out = append(out, &unstructured.Unstructured{Object: obj})
+	}
+	return out
+}
+
+// TestManifestsApply applies every manifest to a real API server (with the
+// agent-sandbox CRDs) by server-side apply, so a schema mistake fails;
+// then checks, as the server's ServiceAccount, that its Role allows
+// exactly serverAccess; and that the Deployment and the warm pools come
+// up as far as kwok's fake node runs them.
+func TestManifestsApply(t *testing.T) {
+	admin := cluster(t)
+	client := kubernetes.NewForConfigOrDie(admin)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	dyn := dynamic.NewForConfigOrDie(admin)
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(discovery.NewDiscoveryClientForConfigOrDie(admin)))
+	objs := build(t)
+	kinds := map[string]int{}
+	for _, u := range objs {
+		gvk := u.GroupVersionKind()
+		kinds[gvk.Kind]++
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			t.Fatalf("%s %s: no such kind in the API server: %v", gvk, u.GetName(), err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if m.Scope.Name() == "namespace" {
+			ri = dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+		}
+		_, err = ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "safe-run-deploy-test", Force: true})
+		if err != nil {
+			t.Errorf("server-side apply %s %s/%s: %v", gvk.Kind, u.GetNamespace(), u.GetName(), err)
+		}
+	}
+	for kind, n := range map[string]int{"Namespace": 1, "RuntimeClass": 1, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1,
+		"Deployment": 1, "Service": 1, "Secret": 1, "NetworkPolicy": 2, "SandboxTemplate": 3, "SandboxWarmPool": 3} {
+		if kinds[kind] != n {
+			t.Errorf("kustomize build gave %d %s, want %d", kinds[kind], kind, n)
+		}
+	}
+	if t.Failed() {
+		return
+	}
+
+	t.Run("role", func(t *testing.T) {
+		sa := as(admin, "safe-run-server")
+		for _, a := range serverAccess {
+			group, rest, _ := strings.Cut(a, "/")
+			res, verb, _ := strings.Cut(rest, ":")
+			res, sub, _ := strings.Cut(res, "/")
+			r, err := sa.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+				Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
+					Namespace: "safe-run", Group: group, Resource: res, Subresource: sub, Verb: verb}},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				t.Fatalf("access review %s: %v", a, err)
+			}
+			if !r.Status.Allowed {
+				t.Errorf("the server's ServiceAccount may not %s, which runtime/kubernetes does", a)
+			}
+		}
+		// What the Role adds to what every ServiceAccount of the namespace
+		// may do anyway (the bootstrap roles of authenticated users).
+		base := make(map[string]bool)
+		for _, r := range rulesOf(ctx, t, as(admin, "someone-else")) {
+			base[r] = true
+		}
+		var got []string
+		for _, r := range rulesOf(ctx, t, sa) {
+			if !base[r] {
+				got = append(got, r)
+			}
+		}
+		want := append([]string(nil), serverAccess...)
+		sort.Strings(got)
+		sort.Strings(want)
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("the server's ServiceAccount may\n%s\nwant exactly\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+		}
+	})
+
+	t.Run("running", func(t *testing.T) {
+		// kwok's node marks Pods running: what this shows is that the
+		// objects are accepted by their controllers (Pod security of the
+		// namespace included), not that anything ran.
+		pools := dyn.Resource(mustResource(t, mapper, "extensions.agents.x-k8s.io", "SandboxWarmPool"))
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			var waiting []string
+			d, err := client.AppsV1().Deployments("safe-run").Get(ctx, "safe-run-server", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Status.ReadyReplicas != *d.Spec.Replicas {
+				waiting = append(waiting, fmt.Sprintf("deployment: %d of %d ready (%v)", d.Status.ReadyReplicas, *d.Spec.Replicas, d.Status.Conditions))
+			}
+			for _, lang := range []string{"python", "node", "bash"} {
+				p, err := pools.Namespace("safe-run").Get(ctx, "safe-run-"+lang, metav1.GetOptions{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want, _, _ := unstructured.NestedInt64(p.Object, "spec", "replicas")
+				ready, _, _ := unstructured.NestedInt64(p.Object, "status", "readyReplicas")
+				if ready != want {
+					waiting = append(waiting, fmt.Sprintf("pool %s: %d of %d ready (status %v)", lang, ready, want, p.Object["status"]))
+				}
+			}
+			if len(waiting) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				events, _ := client.CoreV1().Events("safe-run").List(ctx, metav1.ListOptions{FieldSelector: "type=Warning"})
+				for _, e := range events.Items {
+					t.Logf("event %s %s: %s", e.InvolvedObject.Name, e.Reason, e.Message)
+				}
+				t.Fatalf("not up after 3 min: %s", strings.Join(waiting, "; "))
+			}
+			time.Sleep(time.Second)
+		}
+	})
+}
+
+func mustResource(t *testing.T, mapper *restmapper.DeferredDiscoveryRESTMapper, group, kind string) schema.GroupVersionResource {
+	t.Helper()
+	m, err := mapper.RESTMapping(schema.GroupKind{Group: group, Kind: kind})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Resource
+}
+
+// rulesOf lists what cs may do in the namespace safe-run, as group/resource:verb.
+func rulesOf(ctx context.Context, t *testing.T, cs kubernetes.Interface) []string {
+	t.Helper()
+	rules, err := cs.AuthorizationV1().SelfSubjectRulesReviews().Create(ctx, &authorizationv1.SelfSubjectRulesReview{
+		Spec: authorizationv1.SelfSubjectRulesReviewSpec{Namespace: "safe-run"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("rules review: %v", err)
+	}
+	var out []string
+	for _, r := range rules.Status.ResourceRules {
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					out = append(out, g+"/"+res+":"+v)
+				}
+			}
+		}
+	}
+	return out
+}
