@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/safe-run/safe-run/sandbox"
@@ -244,6 +245,40 @@ func TestLanguageOf(t *testing.T) {
 	} {
 		if got := languageOf(tc.langs, tc.name); got != tc.want {
 			t.Errorf("languageOf(%d languages, %q) = %q, want %q", len(tc.langs), tc.name, got, tc.want)
+		}
+	}
+}
+
+// A reader that goes away (`safe-run run … | head -c1`, an MCP client that
+// closes its pipes first) must not kill safe-run by SIGPIPE before it has
+// removed the sandbox: it ends by itself and leaves its state directory
+// empty.
+func TestRunSurvivesClosedOutput(t *testing.T) {
+	stateDir := t.TempDir()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Close() // every write to w now fails with EPIPE
+	cmd := exec.Command(binary(t), "run", "--state-dir", stateDir, "--lang", "python",
+		"-c", "import sys\nfor i in range(2000): print('x' * 100)\nprint('done', file=sys.stderr)")
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Run()
+	w.Close()
+	var exit *exec.ExitError
+	if err != nil && !errors.As(err, &exit) {
+		t.Fatalf("run %s: %v", cmd.Path, err)
+	}
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		t.Fatalf("safe-run was killed by %v when its output was closed", ws.Signal())
+	}
+	entries, err := os.ReadDir(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "safe-run-") {
+			t.Errorf("the run's state %s is left in %s", e.Name(), stateDir)
 		}
 	}
 }

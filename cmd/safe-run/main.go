@@ -9,8 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"syscall"
 
 	"github.com/safe-run/safe-run/rootfs"
 	"github.com/safe-run/safe-run/sandbox"
@@ -52,8 +54,20 @@ func main() {
 	shimMain() // never returns when this process is the cgroup shim
 	// Before the user namespace's re-exec, which would inherit them too.
 	closeInheritedFiles()
+	survivePipeClosures()
 	enterUserNamespace(os.Args[1:])
 	os.Exit(dispatch(os.Args[1:]))
+}
+
+// survivePipeClosures makes a write to a closed stdout or stderr fail with
+// EPIPE instead of killing the process by SIGPIPE, Go's default for those
+// two descriptors. A client that closes its ends first (an MCP client that
+// shuts its server down, `safe-run run … | head`) would otherwise kill
+// safe-run at its next log line, in the middle of removing its sandboxes,
+// and leave their mounts and cgroups behind. A handler, not SIG_IGN: an
+// ignored signal would stay ignored in the programs safe-run execs.
+func survivePipeClosures() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 // closeInheritedFiles marks every descriptor above stderr that this process
