@@ -40,7 +40,7 @@ type Options struct {
 	Limits Limits
 	// ExpectStart says the sandbox starts fresh (not restored from a
 	// checkpoint): its stream must carry the container/start point, and
-	// Take and Close report monitoring lost when it has not come.
+	// Take reports monitoring lost when it has not come.
 	// runsc runs a sandbox whose session the sentry refuses (an unknown
 	// point or field, in its boot log) unmonitored, its socket silent.
 	ExpectStart bool
@@ -384,8 +384,8 @@ func (m *Monitor) Take() sandbox.Activity {
 }
 
 // check ends monitoring when the stream shows runsc is not reporting: it
-// never connected, or (ExpectStart) sent no container/start. Take and
-// Close check, Total (a view of so far) does not. By the time they are
+// never connected, or (ExpectStart) sent no container/start. Take checks;
+// Close and Total (a view of so far) do not. By the time they are
 // called, the sandbox has started: runsc connects before it boots the
 // sandbox, and the sentry sends container/start before the first program
 // runs.
@@ -412,13 +412,15 @@ func (m *Monitor) Total() sandbox.Activity {
 
 // Close reads what the socket already holds (for at most Limits.Settle),
 // then stops listening and ends the consumer. It never blocks for long;
-// Take and Total still answer after it.
+// Take and Total still answer after it. Whether runsc reported at all is
+// judged by Take, a run's report, and not here: a sandbox removed before
+// it ran anything (a pool's refill at shutdown, killed before runsc
+// connected) has nothing to report and lost nothing.
 func (m *Monitor) Close() error {
 	if m.closing.Load() {
 		return nil
 	}
 	m.settle()
-	m.check()
 	m.mu.Lock()
 	m.closing.Store(true)
 	conns := m.conns
