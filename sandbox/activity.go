@@ -3,6 +3,7 @@ package sandbox
 import (
 	"fmt"
 	"path"
+	"slices"
 	"strings"
 )
 
@@ -113,7 +114,7 @@ func (a *Activity) Notable() bool {
 		return false
 	}
 	return len(a.Processes) > 1 || a.ProcessesTruncated || a.Clones > 1 ||
-		len(a.Network) > 0 || len(a.FilesWritten) > 0 || len(a.SensitiveReads) > 0 ||
+		a.notableNetwork() > 0 || a.NetworkTruncated || len(a.FilesWritten) > 0 || len(a.SensitiveReads) > 0 ||
 		len(a.Signals) > 0 || len(a.Rules) > 0 || a.Lost != "" || a.Dropped > 0
 }
 
@@ -146,7 +147,7 @@ func (a *Activity) Summary() string {
 	if a.Clones > 1 {
 		parts = append(parts, fmt.Sprintf("%d forks", a.Clones))
 	}
-	if n := len(a.Network); n > 0 {
+	if n := a.notableNetwork(); n > 0 || a.NetworkTruncated {
 		parts = append(parts, count(n, a.NetworkTruncated, "network attempt", "network attempts"))
 	}
 	if n := len(a.FilesWritten); n > 0 {
@@ -172,6 +173,25 @@ func (a *Activity) Summary() string {
 		parts = append(parts, "monitoring lost: "+a.Lost)
 	}
 	return strings.Join(parts, ", ")
+}
+
+// nscdSockets are where glibc asks the name service cache daemon first
+// whenever a program looks up a user or a host (bash does at start).
+var nscdSockets = []string{"/var/run/nscd/socket", "/run/nscd/socket"}
+
+// notableNetwork counts the network attempts that tell something about
+// the program: all of them but the unix sockets it only created and
+// glibc's probe of nscd's socket. They stay in Network; they only do not
+// make a run notable.
+func (a *Activity) notableNetwork() int {
+	n := 0
+	for _, na := range a.Network {
+		if na.Family == "unix" && (na.Op == "socket" || slices.Contains(nscdSockets, na.Address)) {
+			continue
+		}
+		n++
+	}
+	return n
 }
 
 // count is "1 thing", "3 things" or "64+ things" when the list was capped.

@@ -29,6 +29,13 @@ func TestActivitySummary(t *testing.T) {
 			true, "rule a (record), rule b (record), rule c (record), 2 more rule hits"},
 		{"lost and dropped", &Activity{Dropped: 12, Lost: "more than 5000000 events"}, true,
 			"12 events dropped, monitoring lost: more than 5000000 events"},
+		{"glibc's nscd probe (bash at start)", &Activity{Processes: []Process{interp}, Clones: 1, Network: []NetworkAttempt{
+			{Op: "socket", Family: "unix", Type: "stream", Result: "ok"}, {Op: "connect", Family: "unix", Address: "/var/run/nscd/socket", Result: "ENOENT"},
+			{Op: "socket", Family: "unix", Type: "stream", Result: "ok"}, {Op: "connect", Family: "unix", Address: "/var/run/nscd/socket", Result: "ENOENT"},
+		}}, false, "nothing notable"},
+		{"a unix socket that is not nscd's", &Activity{Network: []NetworkAttempt{
+			{Op: "socket", Family: "unix", Type: "stream", Result: "ok"}, {Op: "connect", Family: "unix", Address: "/var/run/docker.sock", Result: "ENOENT"},
+		}}, true, "1 network attempt"},
 		{"one fork more", &Activity{Processes: []Process{interp}, Clones: 2}, true, "2 forks"},
 	}
 	for _, c := range cases {
