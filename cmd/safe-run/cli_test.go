@@ -167,9 +167,14 @@ func TestRunAsOrdinaryUser(t *testing.T) {
 
 func TestDoctor(t *testing.T) {
 	t.Run("healthy host", func(t *testing.T) {
-		r := safeRun(t, "", "doctor")
+		stateDir := t.TempDir()
+		r := safeRun(t, "", "doctor", "--state-dir", stateDir)
 		if r.code != 0 || strings.Contains(r.stdout, "FAIL") {
 			t.Fatalf("doctor: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		// Its test runs' sandboxes are removed before it exits.
+		if entries, err := os.ReadDir(stateDir); err != nil || len(entries) > 0 {
+			t.Errorf("doctor left %v in its state directory (%v)", entries, err)
 		}
 		for _, name := range []string{"user", "runsc", "agent", "image", "cgroups", "platform", "sandbox"} {
 			// Without root and without a delegated cgroup, limits hold but

@@ -26,11 +26,12 @@ func cmdDoctor(args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	var host hostFlags
 	var net netFlags
-	env := registerWithEnv(fs, host.register, net.registerHost)
+	var kube kubeFlags
+	env := registerWithEnv(fs, host.register, kube.register, net.registerHost)
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	unit := fs.String("unit", "", "as root: check the systemd `unit` that runs safe-run serve (its user, delegated cgroup, and a run inside its hardening)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host can run sandboxes, and says how to fix what is missing.\n\nFlags:")
+		fmt.Fprintln(fs.Output(), "Usage: safe-run doctor [flags]\n\nChecks that this host (or, with --backend kubernetes, the cluster) can run\nsandboxes, and says how to fix what is missing.\n\nFlags:")
 		printSettings(fs, env)
 	}
 	if code, done := parseFlags(fs, args); done {
@@ -40,9 +41,14 @@ func cmdDoctor(args []string) int {
 		return fail(usageError("%v", err))
 	}
 	var checks []check
-	if *unit != "" {
+	switch {
+	case *unit != "":
 		checks = diagnoseUnit(*unit)
-	} else {
+	case kube.backend == "kubernetes":
+		checks = diagnoseKubernetes(&host, &kube)
+	case kube.backend != "" && kube.backend != "gvisor":
+		return fail(usageError("--backend %q is not one of gvisor and kubernetes", kube.backend))
+	default:
 		checks = diagnose(&host, &net)
 	}
 	ok := true
@@ -65,9 +71,12 @@ func cmdDoctor(args []string) int {
 				fmt.Printf("      %-9s fix: %s\n", "", c.Fix)
 			}
 		}
-		if ok {
+		switch {
+		case ok && kube.backend == "kubernetes":
+			fmt.Println("\nthe cluster is ready: try `safe-run run --backend kubernetes --image REF --lang python -c 'print(1)'`")
+		case ok:
 			fmt.Println("\nsafe-run is ready: try `safe-run run --lang python -c 'print(1)'`")
-		} else {
+		default:
 			fmt.Println("\nsafe-run cannot run sandboxes here until the FAIL lines are fixed.")
 		}
 	}
@@ -287,6 +296,7 @@ func trySandbox(host *hostFlags) check {
 	if err == nil {
 		var rt backend
 		if rt, err = newBackend(cfg); err == nil {
+			defer closeBackend(rt) // a result comes before its sandbox's removal
 			var times []string
 			for _, l := range sandbox.DefaultLanguages {
 				code := map[string]string{"python": "print('ok')", "node": "console.log('ok')", "bash": "echo ok"}[l.Name]
