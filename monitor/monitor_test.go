@@ -143,6 +143,9 @@ func TestRules(t *testing.T) {
 		{"shell-from-python", // a shell started by the agent is not one
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, python), fork(2, 3), execve(3, 2, "/bin/bash")},
 			[]proto.Message{start("/safe-run-agent"), fork(1, 2), execve(2, 1, "/bin/bash")}},
+		{"shell-from-python", // a restored sandbox: the warm python's start is not in the stream, its name is
+			[]proto.Message{fork(7, 9), named(execve(9, 7, "/usr/bin/dash", "sh", "-c", "true"), "python3")},
+			[]proto.Message{fork(7, 9), named(execve(9, 7, "/usr/bin/dash", "sh", "-c", "true"), "node")}},
 		{"miner-name",
 			coldRun(fork(2, 4), execve(4, 2, "/tmp/.x/xmrig-6.21", "xmrig")),
 			coldRun(fork(2, 4), execve(4, 2, "/usr/bin/make", "make"))},

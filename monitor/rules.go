@@ -103,7 +103,10 @@ var SensitivePaths = []string{
 	"/proc/kcore", "/proc/kallsyms", "/proc/self/environ", "/proc/self/mem",
 	"/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d/**",
 	"/root/**", "/home/*/.ssh/**", "/var/run/secrets/**", "/run/secrets/**",
-	"/sys/kernel/**", "/dev/mem", "/dev/kmem",
+	// Not all of /sys/kernel: runtimes read its mm/ files at start (Go's
+	// transparent_hugepage size, numpy's hugepage setting), which would make
+	// every run notable.
+	"/sys/kernel/security/**", "/sys/kernel/debug/**", "/dev/mem", "/dev/kmem",
 }
 
 // DefaultRules are the rules a monitor applies unless configured otherwise;

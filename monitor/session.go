@@ -20,7 +20,7 @@ type pointSpec struct {
 // event in the tree; the cwd resolves relative paths of opens.
 var (
 	ctxPID    = []string{"group_id"}
-	ctxParent = []string{"group_id", "parent_thread_group_id"}
+	ctxParent = []string{"group_id", "parent_thread_group_id", "process_name"}
 	ctxOpen   = []string{"group_id", "cwd"}
 )
 

@@ -171,6 +171,12 @@ func execve(pid, ppid int32, binary string, argv ...string) *pb.ExecveInfo {
 	return &pb.ExecveInfo{ContextData: ctx(pid, ppid), BinaryPath: binary, Argv: argv}
 }
 
+// named gives an execve point the caller's process name (its comm).
+func named(e *pb.ExecveInfo, name string) *pb.ExecveInfo {
+	e.ContextData.ProcessName = name
+	return e
+}
+
 func fork(parent, child int32) *pb.CloneInfo {
 	return &pb.CloneInfo{ContextData: ctx(parent, 0), CreatedThreadId: child, CreatedThreadGroupId: child}
 }

@@ -246,10 +246,20 @@ func (s *state) exec(p *pb.ExecveInfo, cut bool) {
 	}
 	written := s.written[path.Clean(binary)]
 	notInImage := written || p.GetBinaryInMemfd() || p.GetBinaryOverlayfsUpper() || match(writablePlaces, path.Clean(binary))
+	// In a sandbox restored from a checkpoint, the processes that started
+	// before it (the warm interpreter) have no execve in the stream. The
+	// caller's own name then stands in for its parent's binary: the point
+	// is sent before the new image replaces it, so it is the name the
+	// caller inherited at fork (or its own, for an execve in place).
+	caller := ""
+	if !parentKnown && !hadPrevious {
+		caller = clean(cd.GetProcessName(), s.lim.MaxPathLen)
+	}
 	s.fire(EventExec, desc, func(r Rule) bool {
 		return (len(r.Names) == 0 || matchAny(r.Names, names)) &&
 			(len(r.ParentNames) == 0 || parentKnown && match(r.ParentNames, path.Base(parent)) ||
-				hadPrevious && match(r.ParentNames, path.Base(previous))) &&
+				hadPrevious && match(r.ParentNames, path.Base(previous)) ||
+				caller != "" && match(r.ParentNames, caller)) &&
 			(len(r.Paths) == 0 || match(r.Paths, path.Clean(binary))) &&
 			(!r.NotInImage || notInImage) &&
 			(!r.Written || written)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -247,6 +248,11 @@ func TestMonitorPooled(t *testing.T) {
 	}
 	if res.Activity.Events["container_start"] != 0 {
 		t.Errorf("the restored run's activity holds the warm-up's container start: %v", res.Activity.Events)
+	}
+	// The warm python started before the checkpoint, so its execve is not
+	// in the stream; the rule knows it by the shell's caller's name.
+	if !slices.ContainsFunc(res.Activity.Rules, func(h sandbox.RuleHit) bool { return h.Rule == "shell-from-python" }) {
+		t.Errorf("restored run: shell-from-python did not fire: %+v", res.Activity.Rules)
 	}
 }
 
