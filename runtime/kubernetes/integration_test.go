@@ -6,17 +6,20 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	nodev1 "k8s.io/api/node/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	sandboxv1 "sigs.k8s.io/agent-sandbox/api/v1beta1"
 
 	"github.com/safe-run/safe-run/runtime/engine"
@@ -371,5 +374,104 @@ func TestSession(t *testing.T) {
 	}
 	if !claimGone(t, dyn, b.Namespace(), claim) {
 		t.Errorf("the closed session's claim %s is still there", claim)
+	}
+}
+
+// TestRBACRefusal runs as a user whose Role grants every verb the backend
+// uses except pods/exec: the run fails as a sandbox error that names the
+// missing permission, and leaves no claim behind.
+func TestRBACRefusal(t *testing.T) {
+	c, admin, dyn := setUp(t, kubernetes.Config{})
+	ns := admin.Namespace()
+	user := noExecUser(t, c, ns)
+	b, err := kubernetes.New(kubernetes.Config{RESTConfig: user, Namespace: ns, Image: "safe-run.invalid/sandbox:test",
+		Agent: agentBinary(t), Workdir: t.TempDir(), ReapIdle: -1, StartTimeout: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	res, err := newEngine(t, b).Run(ctx, bashJob(t, "echo 1", sandbox.Limits{}))
+	msg := res.Message
+	if err != nil {
+		msg = err.Error()
+	}
+	if err == nil && res.Status != sandbox.StatusSandboxError || !strings.Contains(msg, "pods/exec") {
+		t.Errorf("a run without pods/exec: err %v, status %s, message %q; want a sandbox error naming pods/exec", err, res.Status, msg)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := b.Wait(waitCtx); err != nil {
+		t.Fatalf("sandboxes left: %d", b.Live())
+	}
+	if res.SandboxID != "" && !claimGone(t, dyn, ns, res.SandboxID) {
+		t.Errorf("the refused run's claim %s is still there", res.SandboxID)
+	}
+}
+
+// noExecUser is a user whose Role in ns grants every permission the
+// backend uses but pods/exec.
+func noExecUser(t *testing.T, c *kubetest.Cluster, ns string) *rest.Config {
+	t.Helper()
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"extensions.agents.x-k8s.io"}, Resources: []string{"sandboxclaims"}, Verbs: []string{"create", "get", "list", "patch", "delete"}},
+		{APIGroups: []string{"extensions.agents.x-k8s.io"}, Resources: []string{"sandboxtemplates", "sandboxwarmpools"}, Verbs: []string{"create"}},
+		{APIGroups: []string{"agents.x-k8s.io"}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list"}},
+		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create"}},
+	}
+	ctx := context.Background()
+	name := "no-exec-" + ns
+	role := &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "no-exec"}, Rules: rules}
+	if _, err := c.Client.RbacV1().Roles(ns).Create(ctx, role, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	binding := &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "no-exec"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: "no-exec"},
+		Subjects: []rbacv1.Subject{{APIGroup: "rbac.authorization.k8s.io", Kind: "User", Name: name}}}
+	if _, err := c.Client.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	user, _ := c.User(t, name)
+	return user
+}
+
+// TestDiagnose checks what doctor --backend kubernetes reports: all
+// parts usable for the admin, the one missing permission for a user
+// without pods/exec, and a RuntimeClass that does not exist.
+func TestDiagnose(t *testing.T) {
+	c, admin, _ := setUp(t, kubernetes.Config{})
+	ns := admin.Namespace()
+	ctx := context.Background()
+	byName := func(fs []kubernetes.Finding) map[string]kubernetes.Finding {
+		m := map[string]kubernetes.Finding{}
+		for _, f := range fs {
+			m[f.Name] = f
+		}
+		return m
+	}
+	all := byName(kubernetes.Diagnose(ctx, kubernetes.Config{RESTConfig: c.RESTConfig, Namespace: ns, Image: "x"}))
+	for _, part := range []string{"cluster", "crds", "runtimeclass", "rbac", "image"} {
+		if f, ok := all[part]; !ok || !f.OK || f.Unknown {
+			t.Errorf("admin: %s: %+v", part, f)
+		}
+	}
+	if !strings.Contains(all["cluster"].Detail, "v1.") {
+		t.Errorf("the cluster's version is not named: %q", all["cluster"].Detail)
+	}
+	user := noExecUser(t, c, ns)
+	limited := byName(kubernetes.Diagnose(ctx, kubernetes.Config{RESTConfig: user, Namespace: ns, RuntimeClass: "no-such-class"}))
+	if f := limited["rbac"]; f.OK || !slices.Equal(f.Missing, []string{"create pods/exec"}) {
+		t.Errorf("no-exec user: rbac %+v, want only create pods/exec missing", f)
+	}
+	if f := limited["runtimeclass"]; !f.Unknown {
+		t.Errorf("no-exec user, who may not read RuntimeClasses: runtimeclass %+v, want not checked", f)
+	}
+	if f := limited["image"]; f.OK {
+		t.Errorf("no image set: %+v", f)
+	}
+	missing := byName(kubernetes.Diagnose(ctx, kubernetes.Config{RESTConfig: c.RESTConfig, Namespace: ns, RuntimeClass: "no-such-class", Image: "x"}))
+	if f := missing["runtimeclass"]; f.OK || !slices.Equal(f.Missing, []string{"no-such-class"}) {
+		t.Errorf("missing RuntimeClass: %+v", f)
 	}
 }

@@ -22,7 +22,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/klog/v2"
 	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 
@@ -136,21 +135,11 @@ var _ engine.Backend = (*Backend)(nil)
 // the deny-all NetworkPolicy and the warm pools if they are missing, and
 // starts the reaper. Its errors are of class sandbox.ErrUnavailable.
 func New(cfg Config) (*Backend, error) {
-	rc := cfg.RESTConfig
-	if rc == nil {
-		rules := clientcmd.NewDefaultClientConfigLoadingRules()
-		rules.ExplicitPath = cfg.Kubeconfig
-		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-		var err error
-		if rc, err = cc.ClientConfig(); err != nil {
-			return nil, clusterError("load the cluster configuration: %v", err)
-		}
-		if cfg.Namespace == "" {
-			if ns, _, err := cc.Namespace(); err == nil {
-				cfg.Namespace = ns
-			}
-		}
+	rc, ns, err := restConfig(cfg)
+	if err != nil {
+		return nil, err
 	}
+	cfg.Namespace = ns
 	if cfg.Logger != nil {
 		// client-go reports through klog, to stderr in its own format; a
 		// killed sandbox's exec stream alone logs four lines. They go to
