@@ -66,7 +66,7 @@ func main() {
 	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
-	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program at --monitor off, default and full, interleaved (-runs each)")
+	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.Parse()
 	if o.quick {
 		set := map[string]bool{}

@@ -28,6 +28,9 @@ type MonitorReport struct {
 	Machine string                      `json:"machine"`
 	Runs    int                         `json:"runs"`
 	Rows    map[string]map[string]Stats `json:"rows"` // program → level → stats
+	// Warm is a pooled MCP run_code print(1) at each level: one server per
+	// level, each with a Python pool of one, called in turns.
+	Warm map[string]Stats `json:"warm"`
 }
 
 // runMonitorBench measures every program at every level, o.runs times each.
@@ -54,7 +57,47 @@ func runMonitorBench(o options) (*MonitorReport, error) {
 			rep.Rows[p.Name][level] = summarise(ds)
 		}
 	}
+	warm, err := monitorWarm(o)
+	if err != nil {
+		return nil, err
+	}
+	rep.Warm = warm
 	return rep, nil
+}
+
+// monitorWarm times pooled print(1) calls through MCP at every level, the
+// levels' servers taking turns, each call alone with its pool full.
+func monitorWarm(o options) (map[string]Stats, error) {
+	servers := map[string]*server{}
+	defer func() {
+		for _, s := range servers {
+			s.close()
+		}
+	}()
+	for _, level := range monitorLevels {
+		s, err := startServer(o, nil, 1, "--pool", "python=1", "--monitor", level)
+		if err != nil {
+			return nil, fmt.Errorf("serve --monitor %s: %w", level, err)
+		}
+		servers[level] = s
+	}
+	times := map[string][]time.Duration{}
+	for i := range o.runs + 1 {
+		for _, level := range monitorLevels {
+			d, err := servers[level].timed("python", "print(1)")
+			if err != nil {
+				return nil, fmt.Errorf("warm print(1) --monitor %s: %w", level, err)
+			}
+			if i > 0 { // the first call of each warms the server's own paths
+				times[level] = append(times[level], d)
+			}
+		}
+	}
+	out := map[string]Stats{}
+	for level, ds := range times {
+		out[level] = summarise(ds)
+	}
+	return out, nil
 }
 
 // monitorRun runs code once, cold, at level.
@@ -68,7 +111,7 @@ func monitorRun(o options, level, code string) error {
 
 func (r *MonitorReport) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "Measured %s on %s; p50 (min) of %d cold `safe-run run` calls per cell, the levels interleaved (`go run ./scripts/bench -monitor`).\n\n", r.Date, r.Machine, r.Runs)
+	fmt.Fprintf(&b, "Measured %s on %s; p50 (min) of %d cold `safe-run run` calls per cell (the last row: as many warm MCP calls from a pool of one), the levels interleaved (`go run ./scripts/bench -monitor`).\n\n", r.Date, r.Machine, r.Runs)
 	b.WriteString("| program | `--monitor=off` | `default` | `full` |\n|---|---|---|---|\n")
 	for _, p := range monitorPrograms {
 		row := r.Rows[p.Name]
@@ -78,6 +121,18 @@ func (r *MonitorReport) markdown() string {
 			cell := fmt.Sprintf(" %.0f ms (%.0f)", s.P50, s.Min)
 			if level != "off" {
 				cell += fmt.Sprintf(", %+.0f ms", s.P50-row["off"].P50)
+			}
+			b.WriteString(cell + " |")
+		}
+		b.WriteString("\n")
+	}
+	if len(r.Warm) > 0 {
+		b.WriteString("| print(1), warm: MCP `run_code` from the pool |")
+		for _, level := range monitorLevels {
+			s := r.Warm[level]
+			cell := fmt.Sprintf(" %.1f ms (%.1f)", s.P50, s.Min)
+			if level != "off" {
+				cell += fmt.Sprintf(", %+.1f ms", s.P50-r.Warm["off"].P50)
 			}
 			b.WriteString(cell + " |")
 		}
