@@ -412,13 +412,18 @@ func TestRBACRefusal(t *testing.T) {
 // backend uses but pods/exec.
 func noExecUser(t *testing.T, c *kubetest.Cluster, ns string) *rest.Config {
 	t.Helper()
-	rules := []rbacv1.PolicyRule{
-		{APIGroups: []string{"extensions.agents.x-k8s.io"}, Resources: []string{"sandboxclaims"}, Verbs: []string{"create", "get", "list", "patch", "delete"}},
-		{APIGroups: []string{"extensions.agents.x-k8s.io"}, Resources: []string{"sandboxtemplates", "sandboxwarmpools"}, Verbs: []string{"create"}},
-		{APIGroups: []string{"agents.x-k8s.io"}, Resources: []string{"sandboxes"}, Verbs: []string{"get", "list", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "delete"}},
-		{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"list"}},
-		{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"create"}},
+	// Every permission the backend uses (kubernetes.Needs, which the
+	// doctor checks), but pods/exec.
+	var rules []rbacv1.PolicyRule
+	for _, a := range kubernetes.Needs {
+		if a.Resource == "pods" && a.Subresource == "exec" {
+			continue
+		}
+		resource := a.Resource
+		if a.Subresource != "" {
+			resource += "/" + a.Subresource
+		}
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{a.Group}, Resources: []string{resource}, Verbs: []string{a.Verb}})
 	}
 	ctx := context.Background()
 	name := "no-exec-" + ns
