@@ -25,28 +25,22 @@ import (
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	kube "github.com/safe-run/safe-run/runtime/kubernetes"
 	"github.com/safe-run/safe-run/runtime/kubernetes/kubetest"
 )
 
-// serverAccess is every (group, resource, verb) runtime/kubernetes calls
-// on, so what the server's Role must allow, and all it may allow.
-var serverAccess = []string{
-	"extensions.agents.x-k8s.io/sandboxclaims:create",
-	"extensions.agents.x-k8s.io/sandboxclaims:get",
-	"extensions.agents.x-k8s.io/sandboxclaims:list",
-	"extensions.agents.x-k8s.io/sandboxclaims:patch",
-	"extensions.agents.x-k8s.io/sandboxclaims:delete",
-	"extensions.agents.x-k8s.io/sandboxtemplates:create",
-	"extensions.agents.x-k8s.io/sandboxwarmpools:create",
-	"agents.x-k8s.io/sandboxes:get",
-	"agents.x-k8s.io/sandboxes:list",
-	"agents.x-k8s.io/sandboxes:delete",
-	"/pods:get",
-	"/pods:list",
-	"/pods:delete",
-	"/pods/exec:create",
-	"/events:list",
-	"networking.k8s.io/networkpolicies:create",
+// serverAccess is every permission runtime/kubernetes uses (kubernetes.Needs),
+// as group/resource:verb: what the server's Role must allow, and all it may allow.
+func serverAccess() []string {
+	var out []string
+	for _, a := range kube.Needs {
+		r := a.Resource
+		if a.Subresource != "" {
+			r += "/" + a.Subresource
+		}
+		out = append(out, a.Group+"/"+r+":"+a.Verb)
+	}
+	return out
 }
 
 // cluster is the admin configuration of the cluster the test applies to:
@@ -135,7 +129,7 @@ func TestManifestsApply(t *testing.T) {
 
 	t.Run("role", func(t *testing.T) {
 		sa := as(admin, "safe-run-server")
-		for _, a := range serverAccess {
+		for _, a := range serverAccess() {
 			group, rest, _ := strings.Cut(a, "/")
 			res, verb, _ := strings.Cut(rest, ":")
 			res, sub, _ := strings.Cut(res, "/")
@@ -162,7 +156,7 @@ func TestManifestsApply(t *testing.T) {
 				got = append(got, r)
 			}
 		}
-		want := append([]string(nil), serverAccess...)
+		want := serverAccess()
 		sort.Strings(got)
 		sort.Strings(want)
 		if fmt.Sprint(got) != fmt.Sprint(want) {
