@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -12,7 +13,9 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/diff"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -21,12 +24,14 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	// kubetest installs the CRDs of the agent-sandbox its test binary is built with.
-	_ "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 
+	"github.com/safe-run/safe-run/runtime/engine"
 	kube "github.com/safe-run/safe-run/runtime/kubernetes"
 	"github.com/safe-run/safe-run/runtime/kubernetes/kubetest"
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // serverAccess is every permission runtime/kubernetes uses (kubernetes.Needs),
@@ -60,6 +65,10 @@ func cluster(t *testing.T) *rest.Config {
 	return kubetest.Start(t).RESTConfig
 }
 
+// onKwok says the cluster is kubetest's, whose node is kwok: its exec runs
+// commands on this host (see package kubetest).
+func onKwok() bool { return os.Getenv("SAFE_RUN_KUBECONFIG") == "" }
+
 // as is admin impersonating the ServiceAccount name of the namespace
 // safe-run: the identity the server's Pod has.
 func as(admin *rest.Config, name string) kubernetes.Interface {
@@ -90,8 +99,9 @@ func build(t *testing.T) []*unstructured.Unstructured {
 // TestManifestsApply applies every manifest to a real API server (with the
 // agent-sandbox CRDs) by server-side apply, so a schema mistake fails;
 // then checks, as the server's ServiceAccount, that its Role allows
-// exactly serverAccess; and that the Deployment and the warm pools come
-// up as far as kwok's fake node runs them.
+// exactly serverAccess; that the Deployment and the warm pools come up as
+// far as kwok's fake node runs them; and that the backend, started as the
+// Deployment starts it, claims from the shipped pools.
 func TestManifestsApply(t *testing.T) {
 	admin := cluster(t)
 	client := kubernetes.NewForConfigOrDie(admin)
@@ -203,6 +213,175 @@ func TestManifestsApply(t *testing.T) {
 			time.Sleep(time.Second)
 		}
 	})
+
+	t.Run("server claims from the shipped pools", func(t *testing.T) {
+		serverClaimsFromShippedPools(ctx, t, admin, dyn, mapper, objs)
+	})
+}
+
+// serverClaimsFromShippedPools starts the backend as the Deployment's server
+// does (its flags, its ServiceAccount, the CLI's default --pool of
+// python=2,node=1,bash=1) against the applied manifests, and checks that it
+// creates no template or pool of its own, and that a run's claim names the
+// shipped pool of its language and binds one of its warm sandboxes.
+//
+// On kubetest's cluster, kwok's exec runs the agent ON THIS HOST, with no
+// isolation: it is pointed at the host's agent and a temporary workspace
+// and given no program at all (the claim is destroyed once bound); the
+// agent's paths that kill other processes run only as pid 1 (killStrays).
+func serverClaimsFromShippedPools(ctx context.Context, t *testing.T, admin *rest.Config, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, objs []*unstructured.Unstructured) {
+	flags := serverFlags(t, objs)
+	sa := rest.CopyConfig(admin)
+	sa.Impersonate = rest.ImpersonationConfig{UserName: "system:serviceaccount:safe-run:safe-run-server",
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:safe-run", "system:authenticated"}}
+	cfg := kube.Config{RESTConfig: sa, Namespace: flags["namespace"], RuntimeClass: flags["runtime-class"], Image: flags["image"],
+		Owner: "deploy-test", ReapIdle: -1}
+	if onKwok() {
+		cfg.Agent, cfg.Workdir = agentBinary(t), t.TempDir()
+	}
+	for lang, n := range map[string]int{"python": 2, "node": 1, "bash": 1} {
+		cfg.Warm = append(cfg.Warm, kube.Warm{Job: checkedJob(t, lang), Replicas: n})
+	}
+	b, err := kube.New(cfg)
+	if err != nil {
+		t.Fatalf("start the backend as the server's ServiceAccount: %v", err)
+	}
+	count := func(kind string) int {
+		l, err := dyn.Resource(mustResource(t, mapper, "extensions.agents.x-k8s.io", kind)).Namespace("safe-run").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(l.Items)
+	}
+	sb, err := b.Start(engine.StartSpec{Job: checkedJob(t, "bash")})
+	if err != nil {
+		t.Fatalf("start a sandbox: %v", err)
+	}
+	defer func() {
+		if err := sb.Destroy(); err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+	}()
+	claims := dyn.Resource(mustResource(t, mapper, "extensions.agents.x-k8s.io", "SandboxClaim")).Namespace("safe-run")
+	deadline := time.Now().Add(time.Minute)
+	for {
+		c, err := claims.Get(ctx, sb.ID(), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool, _, _ := unstructured.NestedString(c.Object, "spec", "warmPoolRef", "name")
+		if pool != "safe-run-bash" {
+			t.Fatalf("the claim names pool %q, want the shipped safe-run-bash", pool)
+		}
+		bound, _, _ := unstructured.NestedString(c.Object, "status", "sandbox", "name")
+		if strings.HasPrefix(bound, "safe-run-bash-") {
+			break // a sandbox of the shipped pool, made warm by agent-sandbox
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the claim was not bound to a sandbox of safe-run-bash within a minute: %v", c.Object["status"])
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n, m := count("SandboxWarmPool"), count("SandboxTemplate"); n != 3 || m != 3 {
+		t.Errorf("%d warm pools and %d templates, want the 3 shipped ones and none of the server's", n, m)
+	}
+}
+
+// serverFlags reads the flags of the server's container in the built
+// Deployment, as --name=value.
+func serverFlags(t *testing.T, objs []*unstructured.Unstructured) map[string]string {
+	t.Helper()
+	for _, u := range objs {
+		if u.GetKind() != "Deployment" || u.GetName() != "safe-run-server" {
+			continue
+		}
+		// kustomize's maps hold Go ints, which the Nested helpers' copies refuse.
+		containers, _, _ := unstructured.NestedFieldNoCopy(u.Object, "spec", "template", "spec", "containers")
+		list, _ := containers.([]any)
+		for _, c := range list {
+			args, _ := c.(map[string]any)["args"].([]any)
+			flags := map[string]string{}
+			for _, a := range args {
+				name, value, _ := strings.Cut(strings.TrimPrefix(fmt.Sprint(a), "--"), "=")
+				flags[name] = value
+			}
+			return flags
+		}
+	}
+	t.Fatal("no safe-run-server Deployment in the build")
+	return nil
+}
+
+// checkedJob is lang's default job, as the server checks it.
+func checkedJob(t *testing.T, lang string) sandbox.Job {
+	t.Helper()
+	job, _, err := sandbox.Policy{}.Check(sandbox.Job{Language: lang, Code: "true"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+// agentBinary is the host's safe-run-agent, which kwok's exec runs.
+func agentBinary(t *testing.T) string {
+	t.Helper()
+	p := os.Getenv("SAFE_RUN_AGENT")
+	if p == "" {
+		p, _ = filepath.Abs("../../bin/safe-run-agent")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("the agent binary: %v (build it with make, or set SAFE_RUN_AGENT)", err)
+	}
+	return p
+}
+
+// TestShippedTemplatesAreTheServers checks, without a cluster, that each
+// SandboxTemplate of sandboxes.yaml (as kustomize renders it) is the very
+// sandbox the server makes for its language's default job with the
+// Deployment's flags: the test the server applies before it adopts a pool.
+// Each shipped pool must name its language's template.
+func TestShippedTemplatesAreTheServers(t *testing.T) {
+	objs := build(t)
+	flags := serverFlags(t, objs)
+	spec := kube.SpecConfig{Namespace: flags["namespace"], RuntimeClass: flags["runtime-class"], Image: flags["image"],
+		PodLifetime: kube.DefaultPodLifetime}
+	templates, pools := map[string]*extv1.SandboxTemplate{}, map[string]*extv1.SandboxWarmPool{}
+	for _, u := range objs {
+		switch u.GetKind() {
+		case "SandboxTemplate":
+			var tmpl extv1.SandboxTemplate
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, &tmpl, true); err != nil {
+				t.Fatalf("template %s: %v", u.GetName(), err)
+			}
+			templates[tmpl.Name] = &tmpl
+		case "SandboxWarmPool":
+			var pool extv1.SandboxWarmPool
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(u.Object, &pool, true); err != nil {
+				t.Fatalf("pool %s: %v", u.GetName(), err)
+			}
+			pools[pool.Name] = &pool
+		}
+	}
+	for _, lang := range []string{"python", "node", "bash"} {
+		want, err := kube.Template(checkedJob(t, lang), spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := pools["safe-run-"+lang]
+		if pool == nil {
+			t.Errorf("no pool safe-run-%s", lang)
+			continue
+		}
+		have := templates[pool.Spec.TemplateRef.Name]
+		if have == nil {
+			t.Errorf("pool %s names template %q, which is not shipped", pool.Name, pool.Spec.TemplateRef.Name)
+			continue
+		}
+		if !kube.SameSandbox(have, want) {
+			t.Errorf("template %s is not the sandbox the server makes for %s; the server would not claim from pool %s:\n%s",
+				have.Name, lang, pool.Name, diff.Diff(want.Spec, have.Spec))
+		}
+	}
 }
 
 func mustResource(t *testing.T, mapper *restmapper.DeferredDiscoveryRESTMapper, group, kind string) schema.GroupVersionResource {
