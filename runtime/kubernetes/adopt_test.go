@@ -33,7 +33,9 @@ func TestAdoptOnlyTheSameSandbox(t *testing.T) {
 		}},
 		{"another image", false, func(s *extv1.SandboxTemplate) { s.Spec.PodTemplate.Spec.Containers[0].Image = "img:2" }},
 		{"no runtimeClassName", false, func(s *extv1.SandboxTemplate) { s.Spec.PodTemplate.Spec.RuntimeClassName = nil }},
-		{"runAsUser 0", false, func(s *extv1.SandboxTemplate) { s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.RunAsUser = &root }},
+		{"runAsUser 0", false, func(s *extv1.SandboxTemplate) {
+			s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.RunAsUser = &root
+		}},
 		{"runAsNonRoot unset", false, func(s *extv1.SandboxTemplate) { s.Spec.PodTemplate.Spec.SecurityContext.RunAsNonRoot = nil }},
 		{"writable root", false, func(s *extv1.SandboxTemplate) {
 			s.Spec.PodTemplate.Spec.Containers[0].SecurityContext.ReadOnlyRootFilesystem = &no
