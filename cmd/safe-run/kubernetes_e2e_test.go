@@ -5,7 +5,6 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -39,14 +38,8 @@ import (
 // must outlive them.
 func TestKubernetesEndToEnd(t *testing.T) {
 	bin := binary(t)
-	agentBin := os.Getenv("SAFE_RUN_AGENT")
-	if agentBin == "" {
-		agentBin = filepath.Join(filepath.Dir(bin), "safe-run-agent")
-	}
-	if _, err := os.Stat(agentBin); err != nil {
-		t.Fatalf("the agent binary kwok's exec runs: %v (build it with make, or set SAFE_RUN_AGENT)", err)
-	}
 	c := kubetest.Start(t)
+	agentBin := kubetest.HostAgent(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	rc := &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: kubernetes.DefaultRuntimeClass}, Handler: "runsc"}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -237,7 +236,7 @@ func serverClaimsFromShippedPools(ctx context.Context, t *testing.T, admin *rest
 	cfg := kube.Config{RESTConfig: sa, Namespace: flags["namespace"], RuntimeClass: flags["runtime-class"], Image: flags["image"],
 		Owner: "deploy-test", ReapIdle: -1}
 	if onKwok() {
-		cfg.Agent, cfg.Workdir = agentBinary(t), t.TempDir()
+		cfg.Agent, cfg.Workdir = kubetest.HostAgent(t), t.TempDir()
 	}
 	for lang, n := range map[string]int{"python": 2, "node": 1, "bash": 1} {
 		cfg.Warm = append(cfg.Warm, kube.Warm{Job: checkedJob(t, lang), Replicas: n})
@@ -320,19 +319,6 @@ func checkedJob(t *testing.T, lang string) sandbox.Job {
 		t.Fatal(err)
 	}
 	return job
-}
-
-// agentBinary is the host's safe-run-agent, which kwok's exec runs.
-func agentBinary(t *testing.T) string {
-	t.Helper()
-	p := os.Getenv("SAFE_RUN_AGENT")
-	if p == "" {
-		p, _ = filepath.Abs("../../bin/safe-run-agent")
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("the agent binary: %v (build it with make, or set SAFE_RUN_AGENT)", err)
-	}
-	return p
 }
 
 // TestShippedTemplatesAreTheServers checks, without a cluster, that each
