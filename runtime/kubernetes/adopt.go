@@ -35,11 +35,11 @@ func SameSandbox(have, want *extv1.SandboxTemplate) bool {
 
 // adoptable finds, among the warm pools in the namespace, one whose
 // template is the same sandbox as want (SameSandbox), or returns nil. When
-// several are, the largest wins, then the first by name. Pools whose
-// templates are labelled for want's language but differ are logged with
-// the first difference, so that an operator sees why a shipped pool stays
-// unused (most often: the server's --image is not the template's image).
-func (b *Backend) adoptable(ctx context.Context, want *extv1.SandboxTemplate) (*extv1.SandboxWarmPool, error) {
+// several are, the largest wins, then the first by name. With explain,
+// pools whose templates are labelled for want's language but differ are
+// logged with the first difference, so that an operator sees why a shipped
+// pool stays unused (most often: the server's image is not the template's).
+func (b *Backend) adoptable(ctx context.Context, want *extv1.SandboxTemplate, explain bool) (*extv1.SandboxWarmPool, error) {
 	var pools extv1.SandboxWarmPoolList
 	if err := b.list(ctx, poolsResource, &pools); err != nil {
 		return nil, fmt.Errorf("list warm pools: %w", err)
@@ -72,7 +72,7 @@ func (b *Backend) adoptable(ctx context.Context, want *extv1.SandboxTemplate) (*
 		if SameSandbox(have, want) {
 			return pool, nil
 		}
-		if have.Spec.PodTemplate.ObjectMeta.Labels[LabelLanguage] == lang && have.Name != want.Name {
+		if explain && have.Spec.PodTemplate.ObjectMeta.Labels[LabelLanguage] == lang && have.Name != want.Name {
 			b.log.Warn("not claiming from a warm pool of this language: its template is not the sandbox this server makes",
 				"pool", pool.Name, "template", have.Name, "language", lang, "differs at", firstDifference(have.Spec, want.Spec))
 		}

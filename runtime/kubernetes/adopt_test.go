@@ -1,7 +1,9 @@
 package kubernetes
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -9,7 +11,10 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic/fake"
 	extv1 "sigs.k8s.io/agent-sandbox/extensions/api/v1beta1"
+
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 // TestAdoptOnlyTheSameSandbox offers the backend an operator's pool (named
@@ -80,20 +85,7 @@ func TestAdoptOnlyTheSameSandbox(t *testing.T) {
 			dyn := newFake(t)
 			b := testBackend(t, dyn, readyThen(nil))
 			job := checked(t)
-			own, err := Template(job, b.spec)
-			if err != nil {
-				t.Fatal(err)
-			}
-			theirs := own.DeepCopy()
-			theirs.Name, theirs.Labels = "safe-run-python", nil
-			tt.edit(theirs)
-			put(t, dyn, templatesResource, theirs)
-			two := int32(2)
-			put(t, dyn, poolsResource, &extv1.SandboxWarmPool{
-				TypeMeta:   metav1.TypeMeta{APIVersion: extv1.GroupVersion.String(), Kind: extv1.SandboxWarmPoolKind},
-				ObjectMeta: metav1.ObjectMeta{Name: "safe-run-python", Namespace: testNS},
-				Spec:       extv1.SandboxWarmPoolSpec{Replicas: &two, TemplateRef: extv1.SandboxTemplateRef{Name: "safe-run-python"}},
-			})
+			own := operatorsPool(t, b, dyn, job, tt.edit)
 			pool, err := b.ensurePool(context.Background(), job, 0)
 			if err != nil {
 				t.Fatal(err)
@@ -114,6 +106,48 @@ func TestAdoptOnlyTheSameSandbox(t *testing.T) {
 				t.Errorf("second ensurePool: %v, %v", again, err)
 			}
 		})
+	}
+}
+
+// operatorsPool puts a pool safe-run-python of 2 into dyn, whose template
+// is b's own for job changed by edit, and returns b's own template.
+func operatorsPool(t *testing.T, b *Backend, dyn *fake.FakeDynamicClient, job sandbox.Job, edit func(*extv1.SandboxTemplate)) *extv1.SandboxTemplate {
+	t.Helper()
+	own, err := Template(job, b.spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theirs := own.DeepCopy()
+	theirs.Name, theirs.Labels = "safe-run-python", nil
+	edit(theirs)
+	put(t, dyn, templatesResource, theirs)
+	two := int32(2)
+	put(t, dyn, poolsResource, &extv1.SandboxWarmPool{
+		TypeMeta:   metav1.TypeMeta{APIVersion: extv1.GroupVersion.String(), Kind: extv1.SandboxWarmPoolKind},
+		ObjectMeta: metav1.ObjectMeta{Name: "safe-run-python", Namespace: testNS},
+		Spec:       extv1.SandboxWarmPoolSpec{Replicas: &two, TemplateRef: extv1.SandboxTemplateRef{Name: "safe-run-python"}},
+	})
+	return own
+}
+
+// TestAdoptExplains: when a warm pool is asked for and the language's pool
+// is passed over, the log names the pool and the field that differs; for
+// a run (no warm pool asked) it says nothing.
+func TestAdoptExplains(t *testing.T) {
+	for _, replicas := range []int32{0, 2} {
+		dyn := newFake(t)
+		b := testBackend(t, dyn, readyThen(nil))
+		var logged bytes.Buffer
+		b.log = slog.New(slog.NewTextHandler(&logged, nil))
+		job := checked(t)
+		operatorsPool(t, b, dyn, job, func(s *extv1.SandboxTemplate) { s.Spec.PodTemplate.Spec.Containers[0].Image = "img:2" })
+		if _, err := b.ensurePool(context.Background(), job, replicas); err != nil {
+			t.Fatal(err)
+		}
+		said := strings.Contains(logged.String(), "pool=safe-run-python") && strings.Contains(logged.String(), "containers[0].image: img:2, want img:1")
+		if said != (replicas > 0) {
+			t.Errorf("replicas %d: explained %v; log:\n%s", replicas, said, logged.String())
+		}
 	}
 }
 

@@ -319,7 +319,10 @@ func (b *Backend) ensurePool(ctx context.Context, job sandbox.Job, replicas int3
 	if known {
 		return pool, nil
 	}
-	pool, err = b.adoptable(ctx, tmpl)
+	// Why a pool of the language was passed over matters when a warm
+	// pool is asked for (the operator expects to find theirs used); for
+	// a run with other limits the language's pools differ as they should.
+	pool, err = b.adoptable(ctx, tmpl, replicas > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -327,7 +330,7 @@ func (b *Backend) ensurePool(ctx context.Context, job sandbox.Job, replicas int3
 		b.log.Info("claiming from an existing warm pool: its template is the sandbox this server makes",
 			"pool", pool.Name, "template", pool.Spec.TemplateRef.Name, "language", job.Language, "replicas", replicasOf(pool))
 		if replicas > 0 && replicas != replicasOf(pool) {
-			b.log.Warn("the pool's size is its owner's: --pool does not change an adopted pool",
+			b.log.Warn("the pool's size is its owner's: the configured size does not change an adopted pool",
 				"pool", pool.Name, "replicas", replicasOf(pool), "asked", replicas)
 		}
 	} else {
