@@ -1,14 +1,19 @@
 package deploy
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/mark3labs/mcp-go/client"
+	"github.com/mark3labs/mcp-go/client/transport"
+	"github.com/mark3labs/mcp-go/mcp"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -50,23 +55,107 @@ func serverAccess() []string {
 // cluster is the admin configuration of the cluster the test applies to:
 // the one in $SAFE_RUN_KUBECONFIG (a real cluster: `make
 // test-kubernetes-cluster KUBECONFIG=…`), else a control plane of
-// kubetest's. The real one gets the objects in the namespace safe-run,
-// left there for a look; kubetest's is gone after the test.
-func cluster(t *testing.T) *rest.Config {
+// kubetest's, returned too (nil for a real cluster). The real one gets the
+// objects in the namespace safe-run, left there for a look; kubetest's is
+// gone after the test.
+func cluster(t *testing.T) (*rest.Config, *kubetest.Cluster) {
 	t.Helper()
 	if kc := os.Getenv("SAFE_RUN_KUBECONFIG"); kc != "" {
 		cfg, err := clientcmd.BuildConfigFromFlags("", kc)
 		if err != nil {
 			t.Fatalf("SAFE_RUN_KUBECONFIG=%s: %v", kc, err)
 		}
-		return cfg
+		return cfg, nil
 	}
-	return kubetest.Start(t).RESTConfig
+	c := kubetest.Start(t)
+	return c.RESTConfig, c
 }
 
 // onKwok says the cluster is kubetest's, whose node is kwok: its exec runs
 // commands on this host (see package kubetest).
 func onKwok() bool { return os.Getenv("SAFE_RUN_KUBECONFIG") == "" }
+
+// binaryClaimsFromShippedPools runs the real `safe-run serve` with the
+// Deployment's flags (its HTTP ones replaced by stdio), as the server's
+// ServiceAccount's user name, over MCP: the default --pool it starts with
+// adopts the shipped pools (no pool or template of its own appears), and a
+// run's answer comes from a claim of the shipped bash pool, whose log line
+// says so. Only on kubetest's cluster, with SAFE_RUN_BIN (make
+// test-kubernetes sets it): kwok's exec runs the agent ON THIS HOST with no
+// isolation (see serverClaimsFromShippedPools), here through
+// SAFE_RUN_KWOK_AGENT/WORKDIR, and the program is an echo.
+func binaryClaimsFromShippedPools(ctx context.Context, t *testing.T, kwok *kubetest.Cluster, dyn dynamic.Interface, mapper *restmapper.DeferredDiscoveryRESTMapper, objs []*unstructured.Unstructured) {
+	bin := os.Getenv("SAFE_RUN_BIN")
+	if kwok == nil || bin == "" {
+		t.Skip("needs kubetest's cluster (kwok) and SAFE_RUN_BIN")
+	}
+	// A certificate user with the ServiceAccount's name and groups has the
+	// ServiceAccount's permissions: RBAC binds by that name.
+	_, kubeconfig := kwok.User(t, "system:serviceaccount:safe-run:safe-run-server",
+		"system:serviceaccounts", "system:serviceaccounts:safe-run")
+	args := []string{"serve", "--kubeconfig", kubeconfig, "--log-level", "info"}
+	for name, value := range serverFlags(t, objs) {
+		switch name {
+		case "serve", "http", "insecure-http", "token-file", "allowed-hosts":
+		default:
+			args = append(args, "--"+name+"="+value)
+		}
+	}
+	var logs lockedBuffer
+	env := append(os.Environ(), "SAFE_RUN_KWOK_AGENT="+kubetest.HostAgent(t), "SAFE_RUN_KWOK_WORKDIR="+t.TempDir())
+	c, err := client.NewStdioMCPClientWithOptions(bin, env, args, transport.WithCommandStderrWriter(&logs))
+	if err != nil {
+		t.Fatalf("start safe-run serve: %v", err)
+	}
+	defer c.Close()
+	var init mcp.InitializeRequest
+	init.Params.ClientInfo = mcp.Implementation{Name: "deploy-test", Version: "1"}
+	if _, err := c.Initialize(ctx, init); err != nil {
+		t.Fatalf("initialize: %v\n%s", err, logs.String())
+	}
+	req := mcp.CallToolRequest{}
+	req.Params.Name, req.Params.Arguments = "run_code", map[string]any{"language": "bash", "code": "echo from the shipped pool"}
+	res, err := c.CallTool(ctx, req)
+	if err != nil {
+		t.Fatalf("run_code: %v\n%s", err, logs.String())
+	}
+	if out, _ := res.StructuredContent.(map[string]any); res.IsError || out["stdout"] != "from the shipped pool\n" {
+		t.Errorf("run_code: %+v\n%s", res, logs.String())
+	}
+	for _, lang := range []string{"python", "node", "bash"} {
+		if !strings.Contains(logs.String(), "pool=safe-run-"+lang+" ") {
+			t.Errorf("the server's log does not say it claims from safe-run-%s:\n%s", lang, logs.String())
+		}
+	}
+	for _, kind := range []string{"SandboxWarmPool", "SandboxTemplate"} {
+		l, err := dyn.Resource(mustResource(t, mapper, "extensions.agents.x-k8s.io", kind)).Namespace("safe-run").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Items) != 3 {
+			t.Errorf("%d %ss, want the 3 shipped ones and none of the server's", len(l.Items), kind)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a process's writes and the
+// test's reads at once.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
 
 // as is admin impersonating the ServiceAccount name of the namespace
 // safe-run: the identity the server's Pod has.
@@ -102,7 +191,7 @@ func build(t *testing.T) []*unstructured.Unstructured {
 // far as kwok's fake node runs them; and that the backend, started as the
 // Deployment starts it, claims from the shipped pools.
 func TestManifestsApply(t *testing.T) {
-	admin := cluster(t)
+	admin, kwok := cluster(t)
 	client := kubernetes.NewForConfigOrDie(admin)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -215,6 +304,9 @@ func TestManifestsApply(t *testing.T) {
 
 	t.Run("server claims from the shipped pools", func(t *testing.T) {
 		serverClaimsFromShippedPools(ctx, t, admin, dyn, mapper, objs)
+	})
+	t.Run("the server binary claims from the shipped pools", func(t *testing.T) {
+		binaryClaimsFromShippedPools(ctx, t, kwok, dyn, mapper, objs)
 	})
 }
 

@@ -52,6 +52,9 @@ var Needs = []Access{
 	{"", "pods", "", "get"},
 	{"", "pods", "", "list"},
 	{"", "pods", "", "delete"},
+	// The WebSocket exec is a GET, authorized as get and (Kubernetes
+	// >= 1.31) create; SPDY's POST, its fallback, as create.
+	{"", "pods", "exec", "get"},
 	{"", "pods", "exec", "create"},
 	{"", "events", "", "list"},
 	{policiesResource.Group, "networkpolicies", "", "create"},
