@@ -1,13 +1,12 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -101,9 +100,14 @@ func binaryClaimsFromShippedPools(ctx context.Context, t *testing.T, kwok *kubet
 			args = append(args, "--"+name+"="+value)
 		}
 	}
-	var logs lockedBuffer
+	logs, err := os.Create(filepath.Join(t.TempDir(), "serve.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logs.Close()
+	logged := func() string { b, _ := os.ReadFile(logs.Name()); return string(b) }
 	env := append(os.Environ(), "SAFE_RUN_KWOK_AGENT="+kubetest.HostAgent(t), "SAFE_RUN_KWOK_WORKDIR="+t.TempDir())
-	c, err := client.NewStdioMCPClientWithOptions(bin, env, args, transport.WithCommandStderrWriter(&logs))
+	c, err := client.NewStdioMCPClientWithOptions(bin, env, args, transport.WithCommandStderrWriter(logs))
 	if err != nil {
 		t.Fatalf("start safe-run serve: %v", err)
 	}
@@ -111,20 +115,20 @@ func binaryClaimsFromShippedPools(ctx context.Context, t *testing.T, kwok *kubet
 	var init mcp.InitializeRequest
 	init.Params.ClientInfo = mcp.Implementation{Name: "deploy-test", Version: "1"}
 	if _, err := c.Initialize(ctx, init); err != nil {
-		t.Fatalf("initialize: %v\n%s", err, logs.String())
+		t.Fatalf("initialize: %v\n%s", err, logged())
 	}
 	req := mcp.CallToolRequest{}
 	req.Params.Name, req.Params.Arguments = "run_code", map[string]any{"language": "bash", "code": "echo from the shipped pool"}
 	res, err := c.CallTool(ctx, req)
 	if err != nil {
-		t.Fatalf("run_code: %v\n%s", err, logs.String())
+		t.Fatalf("run_code: %v\n%s", err, logged())
 	}
 	if out, _ := res.StructuredContent.(map[string]any); res.IsError || out["stdout"] != "from the shipped pool\n" {
-		t.Errorf("run_code: %+v\n%s", res, logs.String())
+		t.Errorf("run_code: %+v\n%s", res, logged())
 	}
 	for _, lang := range []string{"python", "node", "bash"} {
-		if !strings.Contains(logs.String(), "pool=safe-run-"+lang+" ") {
-			t.Errorf("the server's log does not say it claims from safe-run-%s:\n%s", lang, logs.String())
+		if !strings.Contains(logged(), "pool=safe-run-"+lang+" ") {
+			t.Errorf("the server's log does not say it claims from safe-run-%s:\n%s", lang, logged())
 		}
 	}
 	for _, kind := range []string{"SandboxWarmPool", "SandboxTemplate"} {
@@ -136,25 +140,6 @@ func binaryClaimsFromShippedPools(ctx context.Context, t *testing.T, kwok *kubet
 			t.Errorf("%d %ss, want the 3 shipped ones and none of the server's", len(l.Items), kind)
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a process's writes and the
-// test's reads at once.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // as is admin impersonating the ServiceAccount name of the namespace
