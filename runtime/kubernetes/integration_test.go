@@ -454,8 +454,8 @@ func TestDiagnose(t *testing.T) {
 	}
 	user := noExecUser(t, c, ns)
 	limited := byName(kubernetes.Diagnose(ctx, kubernetes.Config{RESTConfig: user, Namespace: ns, RuntimeClass: "no-such-class"}))
-	if f := limited["rbac"]; f.OK || !slices.Equal(f.Missing, []string{"create pods/exec"}) {
-		t.Errorf("no-exec user: rbac %+v, want only create pods/exec missing", f)
+	if f := limited["rbac"]; f.OK || !slices.Equal(f.Missing, []string{"get pods/exec", "create pods/exec"}) {
+		t.Errorf("no-exec user: rbac %+v, want only get and create pods/exec missing", f)
 	}
 	if f := limited["runtimeclass"]; !f.Unknown {
 		t.Errorf("no-exec user, who may not read RuntimeClasses: runtimeclass %+v, want not checked", f)
