@@ -103,14 +103,16 @@ test: deps build runsc rootfs vet
 # runs on this host) and the agent-sandbox controller, built once from the Go
 # module proxy at pinned versions into /var/cache/safe-run/kubernetes
 # (SAFE_RUN_KUBERNETES_CACHE to move it; 10-25 min cold on 2 CPUs, then
-# nothing; the tests then take about 30 s). SAFE_RUN_KUBERNETES=1 makes a
-# missing binary fail the tests instead of skipping them.
+# nothing; the tests then take about 2 min). The last line drives the
+# safe-run binary itself (serve over MCP, run, doctor) against it.
+# SAFE_RUN_KUBERNETES=1 makes a missing binary fail the tests instead of
+# skipping them.
 test-kubernetes: build
 	scripts/kubernetes/build-control-plane.sh
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \
 		$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 30m ./runtime/kubernetes/... ./deploy/kubernetes/
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \
-		$(TEST_ENV) $(GO) test -count=1 -timeout 10m -run '^TestDoctorKubernetes$$' ./cmd/safe-run/
+		$(TEST_ENV) $(GO) test -count=1 -timeout 10m -run '^(TestDoctorKubernetes|TestKubernetesEndToEnd)$$' ./cmd/safe-run/
 
 # The manifests' test against a real cluster (real kubelets, the gVisor
 # RuntimeClass, the image pulled): make test-kubernetes-cluster KUBECONFIG=FILE.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"slices"
 
 	"github.com/safe-run/safe-run/rootfs"
@@ -182,9 +183,28 @@ func (k *kubeFlags) runtimeConfig(h *hostFlags) (backendConfig, error) {
 	var cfg backendConfig
 	cfg.Kube = &kubernetes.Config{Kubeconfig: k.kubeconfig, Namespace: k.namespace, RuntimeClass: k.runtimeClass,
 		Image: h.image, Logger: logger}
+	if agent, workdir := os.Getenv(envKwokAgent), os.Getenv(envKwokWorkdir); agent != "" || workdir != "" {
+		if agent == "" || workdir == "" {
+			return backendConfig{}, usageError("%s and %s are set together (tests against kwok only)", envKwokAgent, envKwokWorkdir)
+		}
+		logger.Warn("exec'ing the agent at a test path: for tests against kwok, whose exec runs on this host", "agent", agent, "workdir", workdir)
+		cfg.Kube.Agent, cfg.Kube.Workdir = agent, workdir
+	}
 	cfg.Engine.Policy, cfg.Engine.Logger = sandbox.Policy{Languages: h.languageTable()}, logger
 	return cfg, nil
 }
+
+// The agent exec'd into a sandbox Pod is bundle.AgentPath, serving
+// bundle.Workspace: paths in the sandbox image. kwok's exec runs the
+// command on the host instead (kubetest), where neither exists; a test
+// that drives the real binary against kwok names the host's agent and a
+// directory of its own with these. Nothing but such a test sets them: on
+// a real cluster they would only make every exec fail, as the paths are
+// looked up inside the hardened container.
+const (
+	envKwokAgent   = "SAFE_RUN_KWOK_AGENT"
+	envKwokWorkdir = "SAFE_RUN_KWOK_WORKDIR"
+)
 
 // newKubeBackend starts the kubernetes backend. The pool's sizes become
 // agent-sandbox warm pools of each language's default job; the engine

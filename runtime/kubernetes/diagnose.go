@@ -43,13 +43,18 @@ var Needs = []Access{
 	{claimsResource.Group, "sandboxclaims", "", "patch"},
 	{claimsResource.Group, "sandboxclaims", "", "delete"},
 	{templatesResource.Group, "sandboxtemplates", "", "create"},
+	{templatesResource.Group, "sandboxtemplates", "", "list"},
 	{poolsResource.Group, "sandboxwarmpools", "", "create"},
+	{poolsResource.Group, "sandboxwarmpools", "", "list"},
 	{sandboxesResource.Group, "sandboxes", "", "get"},
 	{sandboxesResource.Group, "sandboxes", "", "list"},
 	{sandboxesResource.Group, "sandboxes", "", "delete"},
 	{"", "pods", "", "get"},
 	{"", "pods", "", "list"},
 	{"", "pods", "", "delete"},
+	// The WebSocket exec is a GET, authorized as get and (Kubernetes
+	// >= 1.31) create; SPDY's POST, its fallback, as create.
+	{"", "pods", "exec", "get"},
 	{"", "pods", "exec", "create"},
 	{"", "events", "", "list"},
 	{policiesResource.Group, "networkpolicies", "", "create"},

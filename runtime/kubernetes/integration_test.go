@@ -3,9 +3,7 @@ package kubernetes_test
 import (
 	"context"
 	"io"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -94,17 +92,7 @@ func untaint(t *testing.T, c *kubetest.Cluster) {
 }
 
 // agentBinary is the host's safe-run-agent, which kwok's exec runs.
-func agentBinary(t *testing.T) string {
-	t.Helper()
-	p := os.Getenv("SAFE_RUN_AGENT")
-	if p == "" {
-		p, _ = filepath.Abs("../../bin/safe-run-agent")
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("the agent binary: %v (build it with make, or set SAFE_RUN_AGENT)", err)
-	}
-	return p
-}
+func agentBinary(t *testing.T) string { return kubetest.HostAgent(t) }
 
 func bashJob(t *testing.T, code string, limits sandbox.Limits) sandbox.Job {
 	t.Helper()
@@ -466,8 +454,8 @@ func TestDiagnose(t *testing.T) {
 	}
 	user := noExecUser(t, c, ns)
 	limited := byName(kubernetes.Diagnose(ctx, kubernetes.Config{RESTConfig: user, Namespace: ns, RuntimeClass: "no-such-class"}))
-	if f := limited["rbac"]; f.OK || !slices.Equal(f.Missing, []string{"create pods/exec"}) {
-		t.Errorf("no-exec user: rbac %+v, want only create pods/exec missing", f)
+	if f := limited["rbac"]; f.OK || !slices.Equal(f.Missing, []string{"get pods/exec", "create pods/exec"}) {
+		t.Errorf("no-exec user: rbac %+v, want only get and create pods/exec missing", f)
 	}
 	if f := limited["runtimeclass"]; !f.Unknown {
 		t.Errorf("no-exec user, who may not read RuntimeClasses: runtimeclass %+v, want not checked", f)

@@ -124,9 +124,9 @@ type Backend struct {
 	live  sync.WaitGroup
 	liveN atomic.Int64
 
-	mu      sync.Mutex
-	ensured map[string]bool // templates and pools known to exist
-	claims  map[string]bool // claims of sandboxes not yet destroyed
+	mu     sync.Mutex
+	pools  map[string]*extv1.SandboxWarmPool // by TemplateName: the pool its claims name
+	claims map[string]bool                   // claims of sandboxes not yet destroyed
 }
 
 var _ engine.Backend = (*Backend)(nil)
@@ -191,7 +191,7 @@ func newBackend(cfg Config, dyn dynamic.Interface, exec executorFunc) (*Backend,
 	if cfg.Image == "" {
 		return nil, clusterError("no sandbox image is set: push one with `safe-run image push` and name it")
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, dyn: dyn, exec: exec, ensured: map[string]bool{}, claims: map[string]bool{},
+	b := &Backend{cfg: cfg, log: cfg.Logger, dyn: dyn, exec: exec, pools: map[string]*extv1.SandboxWarmPool{}, claims: map[string]bool{},
 		spec: SpecConfig{Namespace: cfg.Namespace, RuntimeClass: cfg.RuntimeClass, Image: cfg.Image, PodLifetime: cfg.PodLifetime}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -296,9 +296,13 @@ func (b *Backend) image(job sandbox.Job) (string, error) {
 	return "", sandbox.WithClass(fmt.Errorf("image %s has no image in the cluster: push it with `safe-run image push %s REF` and map it to REF", job.Image, job.Image), sandbox.ErrUnavailable)
 }
 
-// ensurePool creates the template and the warm pool of job's sandboxes
-// unless they exist, and returns the pool. A pool created here for a run
-// has replicas 0: its claims are created cold.
+// ensurePool returns the warm pool to claim job's sandboxes from: one
+// already in the namespace whose template is the very sandbox this
+// backend would make (adoptable: an operator's, such as
+// deploy/kubernetes's safe-run-LANG pools), else the backend's own, whose
+// template and pool it creates unless they exist. An adopted pool keeps
+// the size its owner gave it. A pool created here for a run has replicas
+// 0: its claims are created cold.
 func (b *Backend) ensurePool(ctx context.Context, job sandbox.Job, replicas int32) (*extv1.SandboxWarmPool, error) {
 	sc := b.spec
 	var err error
@@ -309,21 +313,37 @@ func (b *Backend) ensurePool(ctx context.Context, job sandbox.Job, replicas int3
 	if err != nil {
 		return nil, err
 	}
-	pool := WarmPool(tmpl, replicas)
 	b.mu.Lock()
-	known := b.ensured[tmpl.Name]
+	pool, known := b.pools[tmpl.Name]
 	b.mu.Unlock()
 	if known {
 		return pool, nil
 	}
-	if err := b.create(ctx, templatesResource, tmpl); err != nil {
-		return nil, fmt.Errorf("create template %s: %w", tmpl.Name, err)
+	// Why a pool of the language was passed over matters when a warm
+	// pool is asked for (the operator expects to find theirs used); for
+	// a run with other limits the language's pools differ as they should.
+	pool, err = b.adoptable(ctx, tmpl, replicas > 0)
+	if err != nil {
+		return nil, err
 	}
-	if err := b.create(ctx, poolsResource, pool); err != nil {
-		return nil, fmt.Errorf("create warm pool %s: %w", pool.Name, err)
+	if pool != nil {
+		b.log.Info("claiming from an existing warm pool: its template is the sandbox this server makes",
+			"pool", pool.Name, "template", pool.Spec.TemplateRef.Name, "language", job.Language, "replicas", replicasOf(pool))
+		if replicas > 0 && replicas != replicasOf(pool) {
+			b.log.Warn("the pool's size is its owner's: the configured size does not change an adopted pool",
+				"pool", pool.Name, "replicas", replicasOf(pool), "asked", replicas)
+		}
+	} else {
+		pool = WarmPool(tmpl, replicas)
+		if err := b.create(ctx, templatesResource, tmpl); err != nil {
+			return nil, fmt.Errorf("create template %s: %w", tmpl.Name, err)
+		}
+		if err := b.create(ctx, poolsResource, pool); err != nil {
+			return nil, fmt.Errorf("create warm pool %s: %w", pool.Name, err)
+		}
 	}
 	b.mu.Lock()
-	b.ensured[tmpl.Name] = true
+	b.pools[tmpl.Name] = pool
 	b.mu.Unlock()
 	return pool, nil
 }

@@ -569,6 +569,25 @@ func logFile(dir, name string) (*os.File, error) {
 	return f, nil
 }
 
+// HostAgent is the host's safe-run-agent, which kwok's exec runs in place
+// of the agent in a sandbox image: SAFE_RUN_AGENT (as `make test` sets it),
+// else bin/safe-run-agent of the checkout. It fails t if there is none.
+func HostAgent(t testing.TB) string {
+	t.Helper()
+	p := os.Getenv("SAFE_RUN_AGENT")
+	if p == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			t.Fatalf("kubetest: the agent binary: %v", err)
+		}
+		p = filepath.Join(root, "bin", "safe-run-agent")
+	}
+	if _, err := os.Stat(p); err != nil {
+		t.Fatalf("kubetest: the agent binary: %v (build it with make, or set SAFE_RUN_AGENT)", err)
+	}
+	return p
+}
+
 // binDir is SAFE_RUN_KUBERNETES_BIN, or where the build script puts the binaries.
 func binDir() (string, error) {
 	if d := os.Getenv("SAFE_RUN_KUBERNETES_BIN"); d != "" {
