@@ -762,7 +762,9 @@ func (t *sessionTable) expires(created, lastUsed time.Time) time.Time {
 }
 
 // tick is how often the janitor looks for expired sessions.
-func (t *sessionTable) tick() time.Duration { return min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond) }
+func (t *sessionTable) tick() time.Duration {
+	return min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond)
+}
 
 // expireSessions ends sessions that were idle too long or lived too long,
 // until CloseSessions.
