@@ -160,13 +160,10 @@ func (s *session) bind(ctx context.Context) (context.Context, context.CancelFunc
 }
 
 type sessionTable struct {
-	cfg SessionConfig
-	mu  sync.Mutex
-	m   map[string]*session // every session whose sandbox is not yet gone
-	// stored are the SessionStore's sessions this server does not hold,
-	// as of the janitor's last look (sweepStore), for ListSessions.
-	stored  map[string]SessionRecord
-	closed  bool // the runtime is shutting down: no new sessions
+	cfg     SessionConfig
+	mu      sync.Mutex
+	m       map[string]*session // every session whose sandbox is not yet gone
+	closed  bool                // the runtime is shutting down: no new sessions
 	janitor sync.Once
 	stop    chan struct{} // closed by CloseSessions: the janitor returns
 	stopped chan struct{} // closed when the janitor has returned (or never started)
@@ -689,9 +686,6 @@ func (e *Engine) endSession(s *session, p *box) {
 	t := e.table()
 	t.mu.Lock()
 	delete(t.m, s.id)
-	if !detach && s.why != "" {
-		delete(t.stored, s.id) // not to be listed as stored until the janitor looks again
-	}
 	t.mu.Unlock()
 	defer close(s.gone) // after OnEnd: a closer that returns finds the end reported
 	if s.why == "" {
@@ -736,9 +730,7 @@ func (e *Engine) CloseSessions() {
 }
 
 // ListSessions describes the live sessions, oldest first: those starting,
-// idle or in a call. With a SessionStore they include the stored sessions
-// this server does not hold, as of its janitor's last look at the store
-// (a few seconds old at most; their Calls are this server's, none).
+// idle or in a call.
 func (e *Engine) ListSessions() []sandbox.SessionInfo {
 	t := e.table()
 	t.mu.Lock()
@@ -746,11 +738,6 @@ func (e *Engine) ListSessions() []sandbox.SessionInfo {
 	for _, s := range t.m {
 		if s.current() != sessionClosed {
 			out = append(out, e.info(s))
-		}
-	}
-	for id, rec := range t.stored {
-		if _, held := t.m[id]; !held {
-			out = append(out, e.recordInfo(rec))
 		}
 	}
 	t.mu.Unlock()

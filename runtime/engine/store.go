@@ -259,10 +259,6 @@ func (e *Engine) endStored(ctx context.Context, store SessionStore, rec SessionR
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	ended, err := store.EndSession(ctx, rec.ID)
-	t := e.table()
-	t.mu.Lock()
-	delete(t.stored, rec.ID)
-	t.mu.Unlock()
 	switch {
 	case err != nil:
 		return storeError(rec.ID, err)
@@ -312,13 +308,6 @@ func (e *Engine) sweepStore(store SessionStore, now time.Time) {
 		e.log.Warn("list the stored sessions for their expiry; trying again later", "err", err)
 		return
 	}
-	stored := make(map[string]SessionRecord, len(recs))
-	for _, rec := range recs {
-		stored[rec.ID] = rec
-	}
-	t.mu.Lock()
-	t.stored = stored
-	t.mu.Unlock()
 	for _, rec := range recs {
 		t.mu.Lock()
 		_, held := t.m[rec.ID]

@@ -292,26 +292,3 @@ func TestStoredSessionExpiry(t *testing.T) {
 		t.Error("the expired session is still stored")
 	}
 }
-
-// TestStoredSessionListed: an engine lists the stored sessions it does
-// not hold (as of its janitor's last look), and no longer once it closed
-// one of them.
-func TestStoredSessionListed(t *testing.T) {
-	store := newFakeStore(interpreter)
-	es := storeEngines(t, store, 2, engine.Config{Sessions: engine.SessionConfig{IdleTimeout: 2 * time.Second}})
-	ctx := sandbox.WithOwner(context.Background(), "client")
-	info, err := es[0].CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the other engine lists the session", func() bool {
-		got := es[1].ListSessions()
-		return len(got) == 1 && got[0].ID == info.ID && got[0].Owner == "client" && got[0].Calls == 0
-	})
-	if err := es[1].CloseSession(ctx, info.ID); err != nil {
-		t.Fatal(err)
-	}
-	if got := es[1].ListSessions(); len(got) != 0 {
-		t.Errorf("listed after its close: %+v", got)
-	}
-}
