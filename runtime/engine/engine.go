@@ -62,7 +62,7 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	e.sessions = newSessionTable(cfg.Sessions)
-	if _, ok := cfg.Backend.(SessionStore); ok {
+	if _, ok := cfg.Backend.(SessionStore); ok && cfg.Sessions.SweepStore {
 		// Sessions other servers left expire here too.
 		e.sessions.janitor.Do(func() { go e.expireSessions() })
 	}

@@ -27,6 +27,11 @@ type SessionConfig struct {
 	IdleTimeout time.Duration
 	// MaxLifetime ends a session this long after it began (default 1 h).
 	MaxLifetime time.Duration
+	// SweepStore makes the engine also end, once idle or too old, the
+	// sessions of the backend's SessionStore it does not hold: those of
+	// servers that died or let go. A server sets it; a one-shot CLI run,
+	// whose session bounds need not be the servers', does not.
+	SweepStore bool
 	// OnEnd, if set, is told of every session that ends and why: closed,
 	// idle timeout, maximum lifetime, or the server shutting down. It is
 	// called once the session's sandbox is gone, and must not block.
@@ -807,7 +812,7 @@ func (e *Engine) expireSessions() {
 			}
 			e.closeSession(s, why[i])
 		}
-		if store != nil {
+		if store != nil && t.cfg.SweepStore {
 			e.sweepStore(store, now)
 		}
 	}

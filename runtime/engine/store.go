@@ -132,6 +132,7 @@ func (e *Engine) attach(ctx context.Context, store SessionStore, id string) (*se
 	defer s.mu.Unlock()
 	t.m[id] = s
 	t.mu.Unlock()
+	t.janitor.Do(func() { go e.expireSessions() })
 
 	bootCtx, done := s.bind(ctx)
 	p, err := e.attachBox(bootCtx, store, rec)

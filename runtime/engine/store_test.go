@@ -272,7 +272,7 @@ func TestStoredSessionExpiry(t *testing.T) {
 	store := newFakeStore(interpreter)
 	idle := 400 * time.Millisecond
 	whys := make(chan string, 4)
-	es := storeEngines(t, store, 2, engine.Config{Sessions: engine.SessionConfig{IdleTimeout: idle,
+	es := storeEngines(t, store, 2, engine.Config{Sessions: engine.SessionConfig{IdleTimeout: idle, SweepStore: true,
 		OnEnd: func(info sandbox.SessionInfo, why string) { whys <- why }}})
 	ctx := sandbox.WithOwner(context.Background(), "client")
 	info, err := es[0].CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python"})
@@ -290,5 +290,25 @@ func TestStoredSessionExpiry(t *testing.T) {
 	}
 	if _, ok := store.record(info.ID); ok {
 		t.Error("the expired session is still stored")
+	}
+}
+
+// TestStoredSessionNotSwept: an engine without SweepStore (a one-shot CLI
+// run) leaves alone the stored sessions it does not hold, however idle.
+func TestStoredSessionNotSwept(t *testing.T) {
+	store := newFakeStore(interpreter)
+	es := storeEngines(t, store, 2, engine.Config{Sessions: engine.SessionConfig{IdleTimeout: 200 * time.Millisecond}})
+	ctx := sandbox.WithOwner(context.Background(), "client")
+	left, err := es[0].CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	es[0].Close()
+	if _, err := es[1].CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python"}); err != nil {
+		t.Fatal(err) // its janitor runs from now on
+	}
+	time.Sleep(time.Second)
+	if _, ok := store.record(left.ID); !ok {
+		t.Error("an engine without SweepStore ended a stored session it did not hold")
 	}
 }

@@ -283,7 +283,7 @@ func TestSessionExpiresFromAnotherServer(t *testing.T) {
 	}
 	b := secondServer(t, c, a, "server-b", t.TempDir())
 	ended := make(chan string, 4)
-	sessionEngine(t, b, engine.SessionConfig{IdleTimeout: idle, OnEnd: func(info sandbox.SessionInfo, why string) {
+	sessionEngine(t, b, engine.SessionConfig{IdleTimeout: idle, SweepStore: true, OnEnd: func(info sandbox.SessionInfo, why string) {
 		ended <- info.ID + ": " + why
 	}})
 	if res := run(t, ea, ctx, info.ID, "sleep 10; echo done"); res.Stdout != "done\n" {
