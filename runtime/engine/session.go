@@ -327,13 +327,7 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 		// or the host ran out of memory): the session is lost, whatever its
 		// state said, and this call starts afresh and says so.
 		p.log.Warn("a session's sandbox died while idle", "session", s.id)
-		s.keepActivity(p)
-		if err := p.destroy(); err != nil {
-			p.log.Error("clean up session sandbox", "session", s.id, "err", err)
-		}
-		s.stMu.Lock()
-		s.proc = nil
-		s.stMu.Unlock()
+		s.drop(p, false)
 		s.reportLost = true
 	}
 	if s.proc == nil {
@@ -487,6 +481,23 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 		res.Message += " (see stderr); the session keeps its state"
 	}
 	return res, rep, act
+}
+
+// drop destroys p, the session's sandbox, or with detach lets go of it
+// (box.detach), keeping its activity; the session has no sandbox after.
+// The caller owns the session.
+func (s *session) drop(p *box, detach bool) {
+	s.keepActivity(p)
+	clean := p.destroy
+	if detach {
+		clean = p.detach
+	}
+	if err := clean(); err != nil {
+		p.log.Error("clean up session sandbox", "session", s.id, "detach", detach, "err", err)
+	}
+	s.stMu.Lock()
+	s.proc = nil
+	s.stMu.Unlock()
 }
 
 // keepActivity keeps the whole activity of p, a sandbox of the session

@@ -186,13 +186,7 @@ func (e *Engine) checkStored(ctx context.Context, store SessionStore, s *session
 		return nil
 	}
 	p.log.Info("another server attached to the session since; attaching anew", "session", s.id)
-	s.keepActivity(p)
-	if err := p.detach(); err != nil {
-		p.log.Warn("let go of the session's sandbox", "session", s.id, "err", err)
-	}
-	s.stMu.Lock()
-	s.proc = nil
-	s.stMu.Unlock()
+	s.drop(p, true)
 	np, err := e.attachBox(ctx, store, rec)
 	if err != nil {
 		e.letGo(s) // the next call attaches from the start
