@@ -279,6 +279,10 @@ func (e *Engine) recordInfo(rec SessionRecord) sandbox.SessionInfo {
 func (e *Engine) expireStored(store SessionStore, s *session) {
 	rec, err := findSession(context.Background(), store, s.id)
 	switch {
+	case errors.Is(err, sandbox.ErrNoSession) && s.holder() == "":
+		// Its sandbox died here, and its record with it: it is this
+		// server's to end.
+		e.closeSession(s, "idle timeout")
 	case errors.Is(err, sandbox.ErrNoSession):
 		e.closeSessionHow(s, "", true) // ended on another server
 	case err != nil:

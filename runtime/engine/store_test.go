@@ -312,3 +312,32 @@ func TestStoredSessionNotSwept(t *testing.T) {
 		t.Error("an engine without SweepStore ended a stored session it did not hold")
 	}
 }
+
+// TestStoredSessionLostThenIdle: a session whose sandbox died in a call
+// (its record went with it) still ends here at its idle timeout, and the
+// end is reported.
+func TestStoredSessionLostThenIdle(t *testing.T) {
+	store := newFakeStore(interpreter)
+	whys := make(chan string, 4)
+	es := storeEngines(t, store, 1, engine.Config{Sessions: engine.SessionConfig{IdleTimeout: 300 * time.Millisecond,
+		OnEnd: func(info sandbox.SessionInfo, why string) { whys <- why }}})
+	ctx := sandbox.WithOwner(context.Background(), "client")
+	info, err := es[0].CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := cell(t, es[0], ctx, info.ID, "die"); !res.StateLost {
+		t.Fatalf("the sandbox's death: %+v", res)
+	}
+	if _, ok := store.record(info.ID); ok {
+		t.Fatal("the dead sandbox's record is still stored")
+	}
+	select {
+	case why := <-whys:
+		if why != "idle timeout" {
+			t.Errorf("ended: %s", why)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lost session did not expire")
+	}
+}
