@@ -471,7 +471,11 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 	res = outcome(res, job, exit, end, 0)
 	res.StateLost = lost || exit.StateLost
 	if lost && s.attached {
-		res.Message += "; this server attached to the session's sandbox after another served it (or after a restart): variables and imports from earlier calls are gone (files in /workspace remain)"
+		note := "this server attached to the session's sandbox after another served it (or after a restart): variables and imports from earlier calls are gone (files in /workspace remain)"
+		if res.Message != "" {
+			note = "; " + note
+		}
+		res.Message += note
 	}
 	s.attached = false
 	if exit.StateLost {

@@ -198,7 +198,7 @@ func TestStoredSessionAcrossEngines(t *testing.T) {
 		t.Errorf("another owner through B: %v, want ErrNoSession", err)
 	}
 	res := cell(t, b, ctx, info.ID, "n+=1")
-	if res.Stdout != "1" || !res.StateLost || !strings.Contains(res.Message, "attached") {
+	if res.Stdout != "1" || !res.StateLost || !strings.HasPrefix(res.Message, "this server attached") {
 		t.Errorf("B's first call: %+v; want a fresh interpreter, said", res)
 	}
 	if res := cell(t, b, ctx, info.ID, "n+=1"); res.Stdout != "2" || res.StateLost {
