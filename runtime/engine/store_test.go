@@ -280,14 +280,7 @@ func TestStoredSessionExpiry(t *testing.T) {
 		t.Fatal(err)
 	}
 	es[0].Close() // lets go: only the store has it now
-	select {
-	case why := <-whys:
-		if why != "idle timeout" {
-			t.Errorf("ended: %s", why)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the stored session did not expire")
-	}
+	awaitIdleEnd(t, whys, "the stored session")
 	if _, ok := store.record(info.ID); ok {
 		t.Error("the expired session is still stored")
 	}
@@ -332,12 +325,19 @@ func TestStoredSessionLostThenIdle(t *testing.T) {
 	if _, ok := store.record(info.ID); ok {
 		t.Fatal("the dead sandbox's record is still stored")
 	}
+	awaitIdleEnd(t, whys, "the lost session")
+}
+
+// awaitIdleEnd waits for OnEnd to report what (a session) ended at its
+// idle timeout.
+func awaitIdleEnd(t *testing.T, whys <-chan string, what string) {
+	t.Helper()
 	select {
 	case why := <-whys:
 		if why != "idle timeout" {
-			t.Errorf("ended: %s", why)
+			t.Errorf("%s ended: %s, want idle timeout", what, why)
 		}
 	case <-time.After(10 * time.Second):
-		t.Fatal("the lost session did not expire")
+		t.Fatalf("%s did not expire", what)
 	}
 }
