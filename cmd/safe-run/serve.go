@@ -263,6 +263,9 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 		}
 	}
 	cfg.Engine.Policy, cfg.Engine.Logger, cfg.Engine.Sessions, cfg.Engine.Pool = policy, logger, f.sessions, f.poolCfg
+	// A server ends the stored sessions of servers that died (a backend
+	// whose sessions outlive their server: kubernetes).
+	cfg.Engine.Sessions.SweepStore = f.sessions.MaxSessions > 0
 	cfg.Backend.Logger, cfg.Backend.CheckpointDir = logger, f.pool.checkpointDir(f.host.cacheDir)
 	f.net.configure(&cfg)
 	if err := f.net.checkHost(cfg); err != nil {

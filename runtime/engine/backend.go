@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/safe-run/safe-run/egress"
 	"github.com/safe-run/safe-run/sandbox"
@@ -51,6 +52,10 @@ type StartSpec struct {
 	// CPU that runs leave idle. Prioritizer.Foreground raises it once a run
 	// needs it.
 	Background bool
+	// Session, for a session's sandbox (KeepAlive), is the session's
+	// record, which a SessionStore keeps with the sandbox; a backend
+	// without one ignores it.
+	Session *SessionRecord
 }
 
 // Prioritizer is the optional capability of a Sandbox started with
@@ -158,4 +163,64 @@ type ActivityReporter interface {
 	// TotalActivity returns everything the sandbox did in its life (a
 	// session's whole tree), or nil if it is not monitored.
 	TotalActivity() *sandbox.Activity
+}
+
+// SessionStore is the optional capability of a backend that keeps each
+// session's record with its sandbox, where every server using the same
+// backend finds it (the Kubernetes backend: on the session's claim in the
+// API). With it the engine holds no session only in memory: asked for a
+// session it does not hold, it finds the record here and attaches a new
+// agent to the session's sandbox, so that any server serves any session
+// and a restarted server keeps them; closing and expiry act on the store.
+// It is found by a type assertion; without it (the gVisor backend) a
+// session lives and dies with the server that created it.
+type SessionStore interface {
+	// FindSession returns the record of session id; an error wrapping
+	// sandbox.ErrNoSession if the store has none.
+	FindSession(ctx context.Context, id string) (SessionRecord, error)
+	// StoredSessions returns the record of every stored session.
+	StoredSessions(ctx context.Context) ([]SessionRecord, error)
+	// AttachSession starts a new agent in the running sandbox of the
+	// session spec.Session names (its SandboxID) and returns it as a
+	// Sandbox whose agent sends its Ready event. The sandbox's files are
+	// the session's; its interpreter starts afresh. The returned Sandbox
+	// is a StoredSandbox, and becomes the session's Holder.
+	AttachSession(spec StartSpec) (Sandbox, error)
+	// EndSession removes the sandbox of session id, whichever server holds
+	// it, and its record; ended is false if there was nothing to remove.
+	EndSession(ctx context.Context, id string) (ended bool, err error)
+}
+
+// SessionRecord is what a SessionStore keeps of a session: what any
+// engine needs to serve it.
+type SessionRecord struct {
+	ID       string
+	Owner    string // sandbox.SessionSpec.Owner
+	Language string
+	Limits   sandbox.Limits
+	Network  []string
+	Packages []string
+	Created  time.Time
+	// LastUsed is when a request last went to the session's sandbox, or a
+	// call last held it, from whichever server.
+	LastUsed time.Time
+	// SandboxID is the sandbox that holds the session.
+	SandboxID string
+	// Holder names the agent connection that attached to the sandbox last
+	// (opaque, the backend's): the one whose interpreter is the session's.
+	Holder string
+}
+
+// StoredSandbox is the capability of a sandbox a SessionStore started or
+// attached to for a session.
+type StoredSandbox interface {
+	// Holder is this connection's name, as SessionRecord.Holder gives the
+	// latest.
+	Holder() string
+	// Detach ends this server's connection (its agent) and leaves the
+	// sandbox and the session's record to other servers. The engine calls
+	// it instead of Destroy, once.
+	Detach() error
+	// Touch records in the store that the session is in use now.
+	Touch(ctx context.Context) error
 }

@@ -117,20 +117,26 @@ func (b *box) mark(phase string) {
 // A restored sandbox's agent is ready at once (it answered before its
 // checkpoint); any other is starting until its Ready event.
 func (e *Engine) startBox(spec StartSpec, restore string) (*box, error) {
+	if restore != "" {
+		return e.newBox(spec, func(spec StartSpec) (Sandbox, error) {
+			return e.cfg.Backend.(Checkpointer).Restore(spec, restore)
+		}, true)
+	}
+	return e.newBox(spec, e.cfg.Backend.Start, false)
+}
+
+// newBox starts a sandbox with start and begins reading its agent's
+// events; ready says its agent will send no Ready event.
+func (e *Engine) newBox(spec StartSpec, start func(StartSpec) (Sandbox, error), ready bool) (*box, error) {
 	b := &box{start: time.Now(), events: make(chan agent.Event, 64)}
 	spec.Log = e.log
 	spec.Mark = b.mark
 	var err error
-	if restore != "" {
-		b.sb, err = e.cfg.Backend.(Checkpointer).Restore(spec, restore)
-	} else {
-		b.sb, err = e.cfg.Backend.Start(spec)
-	}
-	if err != nil {
+	if b.sb, err = start(spec); err != nil {
 		return nil, err
 	}
 	b.log = e.log.With("sandbox", b.sb.ID())
-	if restore != "" {
+	if ready {
 		b.status = statusReady
 	}
 	go b.readEvents()
@@ -347,4 +353,31 @@ func (b *box) destroy() error {
 		}
 	})
 	return b.destroyErr
+}
+
+// detach ends this server's connection to a stored session's sandbox and
+// leaves the sandbox to other servers (StoredSandbox.Detach); any other
+// sandbox is destroyed. Like destroy, only the first call does the work.
+func (b *box) detach() error {
+	d, ok := b.sb.(StoredSandbox)
+	if !ok {
+		return b.destroy()
+	}
+	b.destroyOnce.Do(func() {
+		b.destroyErr = d.Detach()
+		b.mark("detached")
+		if err := b.changeStatus(statusDestroyed); err != nil {
+			b.log.Error("detach sandbox", "err", err)
+		}
+	})
+	return b.destroyErr
+}
+
+// holder is the name of the box's connection to a stored session's
+// sandbox, or "" for any other sandbox.
+func (b *box) holder() string {
+	if d, ok := b.sb.(StoredSandbox); ok {
+		return d.Holder()
+	}
+	return ""
 }

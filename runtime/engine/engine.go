@@ -62,6 +62,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, log: cfg.Logger}
 	e.sessions = newSessionTable(cfg.Sessions)
+	if _, ok := cfg.Backend.(SessionStore); ok && cfg.Sessions.SweepStore {
+		// Sessions other servers left expire here too.
+		e.sessions.janitor.Do(func() { go e.expireSessions() })
+	}
 	if len(cfg.Pool.Size) > 0 {
 		var err error
 		if e.pool, err = newPool(e, cfg.Pool); err != nil {

@@ -27,6 +27,11 @@ type SessionConfig struct {
 	IdleTimeout time.Duration
 	// MaxLifetime ends a session this long after it began (default 1 h).
 	MaxLifetime time.Duration
+	// SweepStore makes the engine also end, once idle or too old, the
+	// sessions of the backend's SessionStore it does not hold: those of
+	// servers that died or let go. A server sets it; a one-shot CLI run,
+	// whose session bounds need not be the servers', does not.
+	SweepStore bool
 	// OnEnd, if set, is told of every session that ends and why: closed,
 	// idle timeout, maximum lifetime, or the server shutting down. It is
 	// called once the session's sandbox is gone, and must not block.
@@ -107,6 +112,14 @@ type session struct {
 	// reportLost says the sandbox died outside a cell (in a file
 	// operation): the next cell says its state was lost. Guarded by mu.
 	reportLost bool
+	// attached says this server attached a new agent to the session's
+	// sandbox (a SessionStore's): the next cell says why its state is
+	// lost. Guarded by mu.
+	attached bool
+	// detach, set with the state closed, makes the session's end leave
+	// its sandbox and record to other servers rather than remove them:
+	// this server only lets go of it. Guarded by stMu.
+	detach bool
 
 	// denied, once a deny-future-calls monitoring rule fired, says which:
 	// the session refuses every further call. Guarded by mu.
@@ -209,7 +222,8 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 	t.janitor.Do(func() { go e.expireSessions() })
 
 	bootCtx, done := s.bind(ctx)
-	p, err := e.startSessionSandbox(bootCtx, job)
+	rec := s.record()
+	p, err := e.startSessionSandbox(bootCtx, job, &rec)
 	done()
 	s.stMu.Lock()
 	switch {
@@ -232,10 +246,19 @@ func (e *Engine) CreateSession(ctx context.Context, spec sandbox.SessionSpec) (s
 }
 
 // startSessionSandbox starts a session's sandbox for job (its language
-// and limits) and waits for its agent. On error nothing is left; the error
-// is of class unavailable unless the start was cancelled.
-func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box, error) {
-	b, err := e.startBox(e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits, Network: job.Network}, true), "")
+// and limits) and waits for its agent; rec is the session's record, for a
+// SessionStore. On error nothing is left; the error is of class
+// unavailable unless the start was cancelled.
+func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job, rec *SessionRecord) (*box, error) {
+	spec := e.spec(sandbox.Job{Language: job.Language, Limits: job.Limits, Network: job.Network}, true)
+	spec.Session = rec
+	b, err := e.newBox(spec, e.cfg.Backend.Start, false)
+	return e.sessionBoxReady(ctx, b, err)
+}
+
+// sessionBoxReady waits for the agent of b, a session's sandbox that
+// started with err, and says why it cannot be used.
+func (e *Engine) sessionBoxReady(ctx context.Context, b *box, err error) (*box, error) {
 	if err == nil {
 		if err = b.awaitReady(ctx, e.cfg.ObserveStart); err != nil {
 			_ = b.destroy()
@@ -255,12 +278,17 @@ func (e *Engine) startSessionSandbox(ctx context.Context, job sandbox.Job) (*box
 }
 
 // lookup finds a live session of the owner ctx acts for; another owner's
-// session is reported exactly as an unknown one.
+// session is reported exactly as an unknown one. A session this engine
+// does not hold is looked for in the backend's SessionStore, if it has
+// one, and attached to.
 func (e *Engine) lookup(ctx context.Context, id string) (*session, error) {
 	t := e.table()
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
+	if store := e.store(); !ok && store != nil {
+		return e.attach(ctx, store, id)
+	}
 	if !ok || s.current() == sessionClosed || s.owner != sandbox.OwnerFrom(ctx) {
 		return nil, fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
@@ -289,28 +317,31 @@ func (e *Engine) call(ctx context.Context, id string, f func(ctx context.Context
 	if hit := s.denied; hit != nil {
 		return sandbox.WithClass(fmt.Errorf("session %q refuses further calls: monitoring rule %q fired (%s); close it and create a new session", id, hit.Rule, hit.Event), sandbox.ErrInvalid)
 	}
+	if store := e.store(); store != nil && s.proc != nil {
+		if err := e.checkStored(ctx, store, s); err != nil {
+			return err
+		}
+	}
 	if p := s.proc; p != nil && p.exited() {
 		// Its sandbox died while the session was idle (killed from outside,
 		// or the host ran out of memory): the session is lost, whatever its
 		// state said, and this call starts afresh and says so.
 		p.log.Warn("a session's sandbox died while idle", "session", s.id)
-		s.keepActivity(p)
-		if err := p.destroy(); err != nil {
-			p.log.Error("clean up session sandbox", "session", s.id, "err", err)
-		}
-		s.stMu.Lock()
-		s.proc = nil
-		s.stMu.Unlock()
+		s.drop(p, false)
 		s.reportLost = true
 	}
 	if s.proc == nil {
-		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits, Network: s.network})
+		rec := s.record()
+		p, err := e.startSessionSandbox(ctx, sandbox.Job{Language: s.lang.Name, Limits: s.limits, Network: s.network}, &rec)
 		if err != nil {
 			return err
 		}
 		s.stMu.Lock()
 		s.proc = p // destroyed by release if the session was closed meanwhile
 		s.stMu.Unlock()
+	}
+	if d, ok := s.proc.sb.(StoredSandbox); ok {
+		defer e.keepTouched(d)()
 	}
 	return f(ctx, s)
 }
@@ -439,6 +470,14 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 	res.MemoryPeakBytes = p.sb.Usage().PeakBytes
 	res = outcome(res, job, exit, end, 0)
 	res.StateLost = lost || exit.StateLost
+	if lost && s.attached {
+		note := "this server attached to the session's sandbox after another served it (or after a restart): variables and imports from earlier calls are gone (files in /workspace remain)"
+		if res.Message != "" {
+			note = "; " + note
+		}
+		res.Message += note
+	}
+	s.attached = false
 	if exit.StateLost {
 		res.Message += "; the interpreter had to be restarted: variables and imports from earlier calls are gone (files in /workspace remain)"
 	}
@@ -446,6 +485,23 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 		res.Message += " (see stderr); the session keeps its state"
 	}
 	return res, rep, act
+}
+
+// drop destroys p, the session's sandbox, or with detach lets go of it
+// (box.detach), keeping its activity; the session has no sandbox after.
+// The caller owns the session.
+func (s *session) drop(p *box, detach bool) {
+	s.keepActivity(p)
+	clean := p.destroy
+	if detach {
+		clean = p.detach
+	}
+	if err := clean(); err != nil {
+		p.log.Error("clean up session sandbox", "session", s.id, "detach", detach, "err", err)
+	}
+	s.stMu.Lock()
+	s.proc = nil
+	s.stMu.Unlock()
 }
 
 // keepActivity keeps the whole activity of p, a sandbox of the session
@@ -575,6 +631,9 @@ func (e *Engine) CloseSessionActivity(ctx context.Context, id string) (*sandbox.
 	t.mu.Lock()
 	s, ok := t.m[id]
 	t.mu.Unlock()
+	if store := e.store(); !ok && store != nil {
+		return nil, e.closeStored(ctx, store, id)
+	}
 	if !ok || s.owner != sandbox.OwnerFrom(ctx) || !e.closeSession(s, "closed") {
 		return nil, fmt.Errorf("session %q: %w", id, sandbox.ErrNoSession)
 	}
@@ -590,13 +649,19 @@ func (e *Engine) CloseSessionActivity(ctx context.Context, id string) (*sandbox.
 // boot or call in progress is cancelled, and ends the session itself when
 // it returns; an idle session ends here.
 func (e *Engine) closeSession(s *session, why string) bool {
+	return e.closeSessionHow(s, why, false)
+}
+
+// closeSessionHow is closeSession; detach makes it let go of a stored
+// session (see session.detach) rather than end it, and then why is "".
+func (e *Engine) closeSessionHow(s *session, why string, detach bool) bool {
 	s.stMu.Lock()
 	was := s.state
 	if s.move(sessionClosed) != nil {
 		s.stMu.Unlock()
 		return false
 	}
-	s.why = why
+	s.why, s.detach = why, detach
 	var p *box
 	if was == sessionReady || was == sessionLost {
 		p, s.proc = s.proc, nil
@@ -617,10 +682,26 @@ func (e *Engine) endSession(s *session, p *box) {
 		s.keepActivity(p)
 	}
 	s.final = mergeActivities(s.past)
-	if p != nil {
+	s.stMu.Lock()
+	detach := s.detach
+	s.stMu.Unlock()
+	switch {
+	case p != nil && detach:
+		if err := p.detach(); err != nil {
+			e.log.Error("let go of session sandbox", "session", s.id, "err", err)
+		}
+	case p != nil:
 		if err := p.destroy(); err != nil {
 			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
 		}
+	}
+	if store := e.store(); store != nil && !detach && s.why != "" {
+		// Another server may hold the session's sandbox, or a newer one.
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		if _, err := store.EndSession(ctx, s.id); err != nil {
+			e.log.Error("remove the session's stored sandbox", "session", s.id, "err", err)
+		}
+		cancel()
 	}
 	t := e.table()
 	t.mu.Lock()
@@ -640,7 +721,8 @@ func (e *Engine) endSession(s *session, p *box) {
 
 // CloseSessions ends every session, refuses new ones and stops the
 // expiry of idle sessions; a server calls it before exit. It returns once
-// every session's sandbox is gone.
+// every session's sandbox is gone. With a SessionStore it ends none: it
+// lets go of them (their sandboxes stay for other servers to attach to).
 func (e *Engine) CloseSessions() {
 	t := e.table()
 	t.mu.Lock()
@@ -651,8 +733,15 @@ func (e *Engine) CloseSessions() {
 		close(t.stop)
 		t.janitor.Do(func() { close(t.stopped) }) // it never started
 	})
+	_, detach := e.cfg.Backend.(SessionStore)
 	for _, s := range all {
-		e.closeSession(s, "server shutting down")
+		if detach {
+			// Stored sessions outlive this server: another, or this one
+			// restarted, attaches to them.
+			e.closeSessionHow(s, "", true)
+		} else {
+			e.closeSession(s, "server shutting down")
+		}
 	}
 	for _, s := range all {
 		<-s.gone
@@ -677,14 +766,24 @@ func (e *Engine) ListSessions() []sandbox.SessionInfo {
 }
 
 func (e *Engine) info(s *session) sandbox.SessionInfo {
-	cfg := e.table().cfg
 	last := time.Unix(0, s.lastUsed.Load())
-	expires := last.Add(cfg.IdleTimeout)
-	if end := s.created.Add(cfg.MaxLifetime); end.Before(expires) {
+	return sandbox.SessionInfo{ID: s.id, Owner: s.owner, Language: s.lang.Name, Created: s.created, LastUsed: last,
+		ExpiresAt: e.table().expires(s.created, last), Calls: int(s.calls.Load())}
+}
+
+// expires is when a session created and last used then ends unless used
+// again.
+func (t *sessionTable) expires(created, lastUsed time.Time) time.Time {
+	expires := lastUsed.Add(t.cfg.IdleTimeout)
+	if end := created.Add(t.cfg.MaxLifetime); end.Before(expires) {
 		expires = end
 	}
-	return sandbox.SessionInfo{ID: s.id, Owner: s.owner, Language: s.lang.Name, Created: s.created, LastUsed: last,
-		ExpiresAt: expires, Calls: int(s.calls.Load())}
+	return expires
+}
+
+// tick is how often the janitor looks for expired sessions.
+func (t *sessionTable) tick() time.Duration {
+	return min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond)
 }
 
 // expireSessions ends sessions that were idle too long or lived too long,
@@ -692,7 +791,7 @@ func (e *Engine) info(s *session) sandbox.SessionInfo {
 func (e *Engine) expireSessions() {
 	t := e.table()
 	defer close(t.stopped)
-	tick := time.NewTicker(min(5*time.Second, t.cfg.IdleTimeout/4+time.Millisecond))
+	tick := time.NewTicker(t.tick())
 	defer tick.Stop()
 	for {
 		select {
@@ -720,8 +819,16 @@ func (e *Engine) expireSessions() {
 			expired = append(expired, s)
 		}
 		t.mu.Unlock()
+		store := e.store()
 		for i, s := range expired {
+			if store != nil && why[i] == "idle timeout" {
+				e.expireStored(store, s)
+				continue
+			}
 			e.closeSession(s, why[i])
+		}
+		if store != nil && t.cfg.SweepStore {
+			e.sweepStore(store, now)
 		}
 	}
 }

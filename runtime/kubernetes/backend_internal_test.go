@@ -410,3 +410,67 @@ func TestReap(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionStore: a session's claim carries its record (the ID as a
+// label, the state as JSON, the holder); FindSession reads it back,
+// AttachSession names a new holder, Detach leaves the claim, and
+// EndSession deletes it once.
+func TestSessionStore(t *testing.T) {
+	dyn := newFake(t)
+	b := testBackend(t, dyn, readyThen(nil))
+	ctx := context.Background()
+	job := checked(t)
+	rec := engine.SessionRecord{ID: "session-0123", Owner: "client-1", Language: job.Language, Limits: job.Limits,
+		Created: time.Date(2026, 12, 4, 20, 0, 0, 123, time.UTC)}
+	sb, err := b.Start(engine.StartSpec{Job: job, KeepAlive: true, Session: &rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := b.FindSession(ctx, rec.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := sb.(engine.StoredSandbox).Holder()
+	if got.ID != rec.ID || got.Owner != rec.Owner || got.Limits != rec.Limits || !got.Created.Equal(rec.Created) ||
+		got.SandboxID != sb.ID() || got.Holder != first || !strings.HasPrefix(first, "server-a/") {
+		t.Errorf("FindSession = %+v, want %+v on claim %s held by %s", got, rec, sb.ID(), first)
+	}
+	for _, id := range []string{"session-other", "not a label value!"} {
+		if _, err := b.FindSession(ctx, id); !errors.Is(err, sandbox.ErrNoSession) {
+			t.Errorf("FindSession(%q) = %v, want ErrNoSession", id, err)
+		}
+	}
+	if recs, err := b.StoredSessions(ctx); err != nil || len(recs) != 1 || recs[0].ID != rec.ID {
+		t.Errorf("StoredSessions = %+v, %v", recs, err)
+	}
+
+	bind(t, dyn, sb.ID(), running())
+	again, err := b.AttachSession(engine.StartSpec{Job: job, KeepAlive: true, Session: &got})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if now, _ := b.FindSession(ctx, rec.ID); now.Holder != again.(engine.StoredSandbox).Holder() || now.Holder == first {
+		t.Errorf("after the attach the holder is %q (first %q)", now.Holder, first)
+	}
+	if err := sb.(engine.StoredSandbox).Detach(); err != nil {
+		t.Fatal(err)
+	}
+	if !exists(dyn, claimsResource, sb.ID()) {
+		t.Fatal("Detach deleted the session's claim")
+	}
+	if ended, err := b.EndSession(ctx, rec.ID); !ended || err != nil {
+		t.Errorf("EndSession = %v, %v", ended, err)
+	}
+	if exists(dyn, claimsResource, sb.ID()) {
+		t.Error("EndSession left the claim")
+	}
+	if ended, err := b.EndSession(ctx, rec.ID); ended || err != nil {
+		t.Errorf("EndSession again = %v, %v; want nothing ended", ended, err)
+	}
+	if err := again.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	if b.Live() != 0 {
+		t.Errorf("Live = %d", b.Live())
+	}
+}

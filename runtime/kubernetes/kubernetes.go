@@ -126,7 +126,7 @@ type Backend struct {
 
 	mu     sync.Mutex
 	pools  map[string]*extv1.SandboxWarmPool // by TemplateName: the pool its claims name
-	claims map[string]bool                   // claims of sandboxes not yet destroyed
+	claims map[string]int                    // claims of sandboxes not yet destroyed: how many of this server's connections each has
 }
 
 var _ engine.Backend = (*Backend)(nil)
@@ -191,7 +191,7 @@ func newBackend(cfg Config, dyn dynamic.Interface, exec executorFunc) (*Backend,
 	if cfg.Image == "" {
 		return nil, clusterError("no sandbox image is set: push one with `safe-run image push` and name it")
 	}
-	b := &Backend{cfg: cfg, log: cfg.Logger, dyn: dyn, exec: exec, pools: map[string]*extv1.SandboxWarmPool{}, claims: map[string]bool{},
+	b := &Backend{cfg: cfg, log: cfg.Logger, dyn: dyn, exec: exec, pools: map[string]*extv1.SandboxWarmPool{}, claims: map[string]int{},
 		spec: SpecConfig{Namespace: cfg.Namespace, RuntimeClass: cfg.RuntimeClass, Image: cfg.Image, PodLifetime: cfg.PodLifetime}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -368,13 +368,13 @@ func (b *Backend) Start(spec engine.StartSpec) (engine.Sandbox, error) {
 	if !spec.KeepAlive {
 		lifetime = job.Limits.Timeout + b.cfg.StartTimeout + time.Minute
 	}
-	claim := Claim(pool, ClaimSpec{Name: name, Language: job.Language, Owner: b.cfg.Owner, Session: spec.KeepAlive,
-		Created: time.Now(), Lifetime: lifetime})
-	b.live.Add(1)
-	b.liveN.Add(1)
-	b.mu.Lock()
-	b.claims[name] = true
-	b.mu.Unlock()
+	cs := ClaimSpec{Name: name, Language: job.Language, Owner: b.cfg.Owner, Session: spec.KeepAlive,
+		Created: time.Now(), Lifetime: lifetime}
+	if rec := spec.Session; rec != nil && spec.KeepAlive {
+		cs.SessionID, cs.State, cs.Holder = rec.ID, sessionState(*rec), newHolder(b.cfg.Owner)
+	}
+	claim := Claim(pool, cs)
+	b.track(name)
 	if err := b.create(ctx, claimsResource, claim); err != nil {
 		b.forget(name)
 		return nil, sandbox.WithClass(fmt.Errorf("create claim %s: %w", name, err), classOf(err))
@@ -383,13 +383,24 @@ func (b *Backend) Start(spec engine.StartSpec) (engine.Sandbox, error) {
 	if log == nil {
 		log = b.log
 	}
-	return b.newClaimSandbox(name, spec, log.With("sandbox", name)), nil
+	return b.newClaimSandbox(name, cs.Holder, spec, log.With("sandbox", name)), nil
 }
 
-// forget counts a claim's sandbox gone.
+// track counts a connection to claim name's sandbox live.
+func (b *Backend) track(name string) {
+	b.live.Add(1)
+	b.liveN.Add(1)
+	b.mu.Lock()
+	b.claims[name]++
+	b.mu.Unlock()
+}
+
+// forget counts a connection to claim name's sandbox gone.
 func (b *Backend) forget(name string) {
 	b.mu.Lock()
-	delete(b.claims, name)
+	if b.claims[name]--; b.claims[name] <= 0 {
+		delete(b.claims, name)
+	}
 	b.mu.Unlock()
 	b.liveN.Add(-1)
 	b.live.Done()

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/tools/remotecommand"
 
 	"github.com/safe-run/safe-run/runtime/engine"
@@ -27,6 +27,9 @@ type claimSandbox struct {
 	log       *slog.Logger
 	keepAlive bool
 	mark      func(string)
+	// holder names this connection on a session's claim
+	// (AnnotationHolder); "" for a run.
+	holder string
 
 	ctx    context.Context // ends the exec (Kill, Destroy)
 	cancel context.CancelFunc
@@ -53,8 +56,8 @@ type claimSandbox struct {
 
 var _ engine.Sandbox = (*claimSandbox)(nil)
 
-func (b *Backend) newClaimSandbox(name string, spec engine.StartSpec, log *slog.Logger) *claimSandbox {
-	p := &claimSandbox{b: b, name: name, log: log, keepAlive: spec.KeepAlive, mark: spec.Mark, exited: make(chan struct{})}
+func (b *Backend) newClaimSandbox(name, holder string, spec engine.StartSpec, log *slog.Logger) *claimSandbox {
+	p := &claimSandbox{b: b, name: name, holder: holder, log: log, keepAlive: spec.KeepAlive, mark: spec.Mark, exited: make(chan struct{})}
 	if p.mark == nil {
 		p.mark = func(string) {}
 	}
@@ -219,9 +222,29 @@ func (p *claimSandbox) Destroy() error {
 	return p.destroyErr
 }
 
-func (p *claimSandbox) remove() error {
-	defer p.b.forget(p.name)
-	p.stdinW.Close() // a session's agent sees EOF and exits
+// Detach ends this server's agent in a session's sandbox, as Destroy
+// does, and leaves the claim, its Sandbox and Pod (and the files in its
+// workspace) to the server that attaches next (engine.StoredSandbox).
+func (p *claimSandbox) Detach() error {
+	p.destroyOnce.Do(func() {
+		defer p.b.forget(p.name)
+		p.endExec()
+	})
+	return p.destroyErr
+}
+
+// Holder names this connection on the session's claim.
+func (p *claimSandbox) Holder() string { return p.holder }
+
+// Touch records on the session's claim that it is in use now.
+func (p *claimSandbox) Touch(ctx context.Context) error {
+	return p.b.touch(ctx, p.name, time.Now())
+}
+
+// endExec ends the agent's exec: its stdin closes, so that a session's
+// agent exits (and its interpreter with it), then the stream is cancelled.
+func (p *claimSandbox) endExec() {
+	p.stdinW.Close()
 	select {
 	case <-p.exited:
 	case <-time.After(2 * time.Second):
@@ -230,8 +253,13 @@ func (p *claimSandbox) remove() error {
 	select {
 	case <-p.exited:
 	case <-time.After(30 * time.Second):
-		p.log.Error("the agent's exec did not end when cancelled; deleting its claim anyway")
+		p.log.Error("the agent's exec did not end when cancelled")
 	}
+}
+
+func (p *claimSandbox) remove() error {
+	defer p.b.forget(p.name)
+	p.endExec()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var errs []error
@@ -265,15 +293,14 @@ func (w requestWriter) Write(b []byte) (int, error) {
 }
 
 // touchEvery is how often, at most, a session's claim's last use is
-// recorded, in seconds.
-const touchEvery = 5
+// recorded, in seconds: the annotation's resolution, so that every call
+// is recorded and any server can expire the session by it.
+const touchEvery = 1
 
 func (p *claimSandbox) touch(now time.Time) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, AnnotationLastUsed, now.UTC().Format(time.RFC3339))
-	_, err := p.b.dyn.Resource(claimsResource).Namespace(p.b.cfg.Namespace).Patch(ctx, p.name, types.MergePatchType, []byte(patch), metav1PatchOptions)
-	if err != nil {
+	if err := p.b.touch(ctx, p.name, now); err != nil && !apierrors.IsNotFound(err) {
 		p.log.Warn("record the session's last use on its claim", "err", err)
 	}
 }

@@ -46,10 +46,33 @@ const (
 	// session's.
 	LabelKind = "safe-run.dev/kind"
 	// AnnotationCreated and AnnotationLastUsed are RFC 3339 times: when
-	// the claim was made and when a request last went to its sandbox.
+	// the claim was made and when a request last went to its sandbox (or,
+	// for a session, a call last held it, on any server).
 	AnnotationCreated  = "safe-run.dev/created"
 	AnnotationLastUsed = "safe-run.dev/last-used"
+	// LabelSession is the ID of the session a session's claim holds: any
+	// server finds the session's claim by it.
+	LabelSession = "safe-run.dev/session"
+	// AnnotationSession is the session's record as JSON (SessionState):
+	// what any server needs to serve it.
+	AnnotationSession = "safe-run.dev/session-state"
+	// AnnotationHolder names the agent connection that attached to the
+	// session's sandbox last; a server whose connection it does not name
+	// attaches anew before its next call.
+	AnnotationHolder = "safe-run.dev/holder"
 )
+
+// SessionState is the part of a session's record kept as JSON in
+// AnnotationSession; its ID is LabelSession, its last use AnnotationLastUsed.
+type SessionState struct {
+	// Owner is the client the session belongs to (sandbox.SessionSpec.Owner).
+	Owner    string         `json:"owner"`
+	Language string         `json:"language"`
+	Limits   sandbox.Limits `json:"limits"`
+	Network  []string       `json:"network,omitempty"`
+	Packages []string       `json:"packages,omitempty"`
+	Created  time.Time      `json:"created"`
+}
 
 // The values of LabelKind.
 const (
@@ -251,6 +274,11 @@ type ClaimSpec struct {
 	// Lifetime is how long the claim may live: agent-sandbox deletes it,
 	// and its sandbox, at Created+Lifetime whatever the server does.
 	Lifetime time.Duration
+	// SessionID, State and Holder are a session's (LabelSession,
+	// AnnotationSession, AnnotationHolder); empty for a run.
+	SessionID string
+	State     *SessionState
+	Holder    string
 }
 
 // Claim is the SandboxClaim of one sandbox from pool.
@@ -261,13 +289,19 @@ func Claim(pool *extv1.SandboxWarmPool, c ClaimSpec) *extv1.SandboxClaim {
 	}
 	created := c.Created.UTC().Format(time.RFC3339)
 	shutdown := metav1.NewTime(c.Created.Add(c.Lifetime).Truncate(time.Second))
+	labels := map[string]string{LabelManagedBy: ManagedBy, LabelLanguage: c.Language, LabelOwner: c.Owner,
+		LabelKind: kind, sandboxv1.CreatedByLabel: ManagedBy}
+	annotations := map[string]string{AnnotationCreated: created, AnnotationLastUsed: created}
+	if c.SessionID != "" {
+		labels[LabelSession] = c.SessionID
+		state, _ := json.Marshal(c.State) // plain data: never fails
+		annotations[AnnotationSession] = string(state)
+		annotations[AnnotationHolder] = c.Holder
+	}
 	return &extv1.SandboxClaim{
 		TypeMeta: metav1.TypeMeta{APIVersion: extv1.GroupVersion.String(), Kind: extv1.SandboxClaimKind},
 		ObjectMeta: metav1.ObjectMeta{
-			Name: c.Name, Namespace: pool.Namespace,
-			Labels: map[string]string{LabelManagedBy: ManagedBy, LabelLanguage: c.Language, LabelOwner: c.Owner,
-				LabelKind: kind, sandboxv1.CreatedByLabel: ManagedBy},
-			Annotations: map[string]string{AnnotationCreated: created, AnnotationLastUsed: created},
+			Name: c.Name, Namespace: pool.Namespace, Labels: labels, Annotations: annotations,
 		},
 		Spec: extv1.SandboxClaimSpec{
 			WarmPoolRef: extv1.SandboxWarmPoolRef{Name: pool.Name},
