@@ -69,6 +69,7 @@ func main() {
 	coldOnly := flag.Bool("cold", false, "measure only cold `safe-run run` print(1) against raw `runsc run`, until exit and until its stdout ends (-runs each)")
 	var compare listFlag
 	flag.Var(&compare, "compare", "with -cold: another safe-run binary measured in the same turns, e.g. a build of the commit before a change (repeatable)")
+	cpuOnly := flag.Bool("cpu", false, "measure only the CPU rows: raw `runsc run`, cold `safe-run run`, a restore and its prime, a warm call all in (-cpu-runs each)")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.Parse()
 	if o.quick {
@@ -102,6 +103,10 @@ func main() {
 	}
 	if *coldOnly {
 		coldMain(o, compare)
+		return
+	}
+	if *cpuOnly {
+		cpuMain(o)
 		return
 	}
 	if *monitorOnly {
