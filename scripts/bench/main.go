@@ -10,7 +10,9 @@
 //
 // Run it as root through `make bench` (full: about 14 minutes on 2 busy
 // CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
-// README untouched), after `make build runsc rootfs`.
+// README untouched), after `make build runsc rootfs`. -cold and -cpu measure
+// only the cold CLI against raw runsc (with -compare OLD/safe-run for a
+// before and after in the same turns) or only the CPU rows, in a minute.
 package main
 
 import (
