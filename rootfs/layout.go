@@ -8,7 +8,6 @@ import (
 	"hash"
 	"io"
 	"os"
-	"regexp"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/partial"
@@ -20,8 +19,28 @@ import (
 // configurations, which are read whole into memory.
 const maxMetadataBlob = 8 << 20
 
-// sha256Hex is the hex part of a SHA-256 digest.
-var sha256Hex = regexp.MustCompile(`^[a-f0-9]{64}$`)
+// isSHA256Hex reports whether s is the hex part of a SHA-256 digest: 64
+// lower-case hex digits. A function, not a regexp: `[a-f0-9]{64}` compiles
+// to 64 copies of its class, paid in package init by every start of the
+// binary (the CLI's cold path included).
+func isSHA256Hex(s string) bool { return len(s) == sha256HexLen && hexRun(s) == len(s) }
+
+// sha256HexLen is the length of a SHA-256 digest in hex.
+const sha256HexLen = 64
+
+// hexRun returns the length of the longest run of lower-case hex digits in s.
+func hexRun(s string) int {
+	longest, run := 0, 0
+	for i := range len(s) {
+		if c := s[i]; '0' <= c && c <= '9' || 'a' <= c && c <= 'f' {
+			run++
+			longest = max(longest, run)
+		} else {
+			run = 0
+		}
+	}
+	return longest
+}
 
 // ociLayout is an OCI image layout directory, read without following any
 // symbolic link in it: index.json, blobs, blobs/sha256 and every blob must
@@ -116,7 +135,7 @@ func (l *ociLayout) readIndex() (*v1.IndexManifest, error) {
 // blob opens the blob d names; what it reads is checked against d's size
 // and digest.
 func (l *ociLayout) blob(d v1.Descriptor) (io.ReadCloser, error) {
-	if d.Digest.Algorithm != "sha256" || !sha256Hex.MatchString(d.Digest.Hex) {
+	if d.Digest.Algorithm != "sha256" || !isSHA256Hex(d.Digest.Hex) {
 		return nil, fmt.Errorf("blob %q: only sha256 digests are supported", d.Digest)
 	}
 	f, err := openNoFollow(l.blobs, d.Digest.Hex, false)

@@ -12,7 +12,6 @@ import (
 	"os"
 	"path"
 	"path/filepath"
-	"regexp"
 	goruntime "runtime"
 	"strings"
 	"sync/atomic"
@@ -296,9 +295,10 @@ const (
 	formatOCI    = "oci"    // an OCI image layout: oci-layout, index.json, blobs/
 )
 
-// digestName matches the names image archives give their blobs, such as
-// "<hex>/layer.tar", "<hex>.json", "sha256:<hex>" or "<hex>.tar.gz".
-var digestName = regexp.MustCompile(`[a-f0-9]{64}`)
+// digestName reports whether name holds a digest, as the names image
+// archives give their blobs do: "<hex>/layer.tar", "<hex>.json",
+// "sha256:<hex>" or "<hex>.tar.gz".
+func digestName(name string) bool { return hexRun(name) >= sha256HexLen }
 
 // archiveFormat tells an image archive (docker save, OCI layout) from a
 // root file system archive by its entries: an image archive holds only
@@ -344,7 +344,7 @@ func archiveFormat(file string) (string, error) {
 			return formatDocker, nil
 		case name == "oci-layout":
 			oci = true
-		case name == "", name == "index.json", name == "repositories", top == "blobs", digestName.MatchString(top):
+		case name == "", name == "index.json", name == "repositories", top == "blobs", digestName(top):
 		default:
 			return formatRootfs, nil
 		}

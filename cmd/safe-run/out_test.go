@@ -1,11 +1,13 @@
 package main
 
 import (
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/safe-run/safe-run/sandbox"
 )
@@ -193,5 +195,42 @@ func TestCheckOutDir(t *testing.T) {
 	t.Chdir(repo)
 	if err := checkOutDir(".", outOptions{}); err == nil {
 		t.Errorf("--out . in a checkout was not refused")
+	}
+}
+
+// endStdout ends a pipe's output for its reader and leaves later writes
+// harmless; a regular file is left as it is.
+func TestEndStdout(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	if _, err := w.WriteString("result\n"); err != nil {
+		t.Fatal(err)
+	}
+	endStdout(w)
+	if _, err := w.WriteString("after\n"); err != nil {
+		t.Errorf("a write after the end: %v", err)
+	}
+	// ReadAll returns nil only at EOF, when no write end is left.
+	_ = r.SetReadDeadline(time.Now().Add(5 * time.Second))
+	data, err := io.ReadAll(r)
+	if err != nil || string(data) != "result\n" {
+		t.Errorf("the reader got %q, %v; want the result, then EOF", data, err)
+	}
+
+	f, err := os.Create(filepath.Join(t.TempDir(), "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	endStdout(f)
+	if _, err := f.WriteString("kept\n"); err != nil {
+		t.Fatal(err)
+	}
+	if data, _ := os.ReadFile(f.Name()); string(data) != "kept\n" {
+		t.Errorf("a file given to endStdout holds %q, want what was written to it", data)
 	}
 }

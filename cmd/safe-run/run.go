@@ -186,6 +186,9 @@ func cmdRun(args []string) int {
 	} else {
 		printRunSummary(os.Stderr, res)
 	}
+	// The report is out: a reader of stdout need not wait for the removal
+	// of the sandbox, which the deferred closeBackend still waits for.
+	endStdout(os.Stdout)
 	if saveErr != nil {
 		return fail(saveErr)
 	}
@@ -211,6 +214,30 @@ func printRunSummary(w io.Writer, res sandbox.Result) {
 	if d := mcp.NetworkDenials(res.Message); d != "" && ran {
 		fmt.Fprintln(w, "safe-run: "+d)
 	}
+}
+
+// endStdout ends what a reader of f waits for, once the result is
+// written: when f is a pipe or a socket, its descriptor is pointed at
+// /dev/null, so that the reader (`safe-run run … | tool`, a caller reading
+// to EOF) sees the end while the sandbox is still being removed. The
+// process still exits only after the removal, so a caller that waits for
+// the exit status (a shell, subprocess.run) waits for it too: cleanup is
+// never left to chance. A terminal or a file gains nothing and is left
+// alone; so is stderr, where a failed removal is reported.
+func endStdout(f *os.File) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return
+	}
+	if kind := st.Mode & unix.S_IFMT; kind != unix.S_IFIFO && kind != unix.S_IFSOCK {
+		return
+	}
+	null, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	if err != nil {
+		return
+	}
+	defer null.Close()
+	_ = unix.Dup3(int(null.Fd()), int(f.Fd()), 0)
 }
 
 // closeBackend ends the pool and the sessions and waits (a bounded time)

@@ -5,6 +5,8 @@ import (
 	"log"
 	"path/filepath"
 	"time"
+
+	"github.com/safe-run/safe-run/rootfs"
 )
 
 // CPU is the CPU time one run of print(1) costs on each path, counted by
@@ -115,4 +117,28 @@ func measureCPUPerRun(o options, raw *rawRunsc, n int) (*CPU, error) {
 	}
 	log.Printf("CPU per run: runsc run %.0f ms, restore+prime %.0f ms", out.Raw.P50, out.Restore.P50)
 	return out, nil
+}
+
+// cpuMain measures only the CPU rows and prints them with their ratios
+// to raw `runsc run`.
+func cpuMain(o options) {
+	img, err := rootfs.Store{}.Lookup(rootfs.DefaultName)
+	must(err)
+	raw, err := newRawRunsc(o, img.Root)
+	must(err)
+	defer raw.close()
+	c, err := measureCPUPerRun(o, raw, o.cpuRuns)
+	must(err)
+	fmt.Printf("| CPU of one print(1), %d samples, p50 | ms | ÷ raw |\n|---|---|---|\n", c.Samples)
+	fmt.Printf("| `runsc run` | %.0f | 1.00 × |\n", c.Raw.P50)
+	fmt.Printf("| restore + prime | %.0f | %.2f × |\n", c.Restore.P50, c.Restore.P50/c.Raw.P50)
+	if c.Cold != nil {
+		fmt.Printf("| cold `safe-run run` | %.0f | %.2f × |\n", c.Cold.P50, c.Cold.P50/c.Raw.P50)
+	}
+	if c.WarmCall != nil {
+		fmt.Printf("| a warm call all in | %.0f | %.2f × |\n", c.WarmCall.P50, c.WarmCall.P50/c.Raw.P50)
+	}
+	if c.Note != "" {
+		fmt.Println(c.Note)
+	}
 }

@@ -10,7 +10,9 @@
 //
 // Run it as root through `make bench` (full: about 14 minutes on 2 busy
 // CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
-// README untouched), after `make build runsc rootfs`.
+// README untouched), after `make build runsc rootfs`. -cold and -cpu measure
+// only the cold CLI against raw runsc (with -compare OLD/safe-run for a
+// before and after in the same turns) or only the CPU rows, in a minute.
 package main
 
 import (
@@ -66,6 +68,10 @@ func main() {
 	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
+	coldOnly := flag.Bool("cold", false, "measure only cold `safe-run run` print(1) against raw `runsc run`, until exit and until its stdout ends (-runs each)")
+	var compare listFlag
+	flag.Var(&compare, "compare", "with -cold: another safe-run binary measured in the same turns, e.g. a build of the commit before a change (repeatable)")
+	cpuOnly := flag.Bool("cpu", false, "measure only the CPU rows: raw `runsc run`, cold `safe-run run`, a restore and its prime, a warm call all in (-cpu-runs each)")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.Parse()
 	if o.quick {
@@ -95,6 +101,14 @@ func main() {
 	}
 	if *netOnly {
 		netMain(o)
+		return
+	}
+	if *coldOnly {
+		coldMain(o, compare)
+		return
+	}
+	if *cpuOnly {
+		cpuMain(o)
 		return
 	}
 	if *monitorOnly {
