@@ -66,6 +66,8 @@ func main() {
 	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
+	warmOnly := flag.Bool("warm", false, "measure only the warm rows (-runs spaced calls per language); with -baseline, also the safe-run binaries in that directory, call by call in turn")
+	baseline := flag.String("baseline", "", "with -warm: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.Parse()
 	if o.quick {
@@ -99,6 +101,10 @@ func main() {
 	}
 	if *monitorOnly {
 		monitorMain(o)
+		return
+	}
+	if *warmOnly {
+		warmMain(o, *baseline)
 		return
 	}
 	start := time.Now()
