@@ -219,11 +219,7 @@ print("main program output")
 func TestWarmCodeFile(t *testing.T) {
 	for _, kind := range []string{"python", "node"} {
 		t.Run(kind, func(t *testing.T) {
-			bin := map[string]string{"python": "python3", "node": "node"}[kind]
-			if _, err := exec.LookPath(bin); err != nil {
-				t.Skipf("no %s on this host", bin)
-			}
-			file := map[string]string{"python": "main.py", "node": "main.js"}[kind]
+			bin, file := driverKind(t, kind)
 			var code string
 			if kind == "python" {
 				code = "import os\nprint(oct(os.stat(__file__).st_mode & 0o7777), os.path.isdir('out/plots'))\n"
@@ -259,6 +255,17 @@ func TestWarmCodeFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// driverKind is the interpreter and code file of a warm driver's kind; it
+// skips the test on a host without that interpreter.
+func driverKind(t *testing.T, kind string) (bin, file string) {
+	t.Helper()
+	bin = map[string]string{"python": "python3", "node": "node"}[kind]
+	if _, err := exec.LookPath(bin); err != nil {
+		t.Skipf("no %s on this host", bin)
+	}
+	return bin, map[string]string{"python": "main.py", "node": "main.js"}[kind]
 }
 
 func umask() os.FileMode {
@@ -342,11 +349,7 @@ func TestWarmBashEndsAsCold(t *testing.T) {
 func TestWarmDriverFailsToWrite(t *testing.T) {
 	for _, kind := range []string{"python", "node"} {
 		t.Run(kind, func(t *testing.T) {
-			bin := map[string]string{"python": "python3", "node": "node"}[kind]
-			if _, err := exec.LookPath(bin); err != nil {
-				t.Skipf("no %s on this host", bin)
-			}
-			file := map[string]string{"python": "main.py", "node": "main.js"}[kind]
+			bin, file := driverKind(t, kind)
 			dir := t.TempDir()
 			// A directory where the code file goes: neither the driver nor
 			// the agent can write it.
