@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -60,22 +61,22 @@ func measureWarm(s *server, runs int) ([]Warm, error) {
 	return out, nil
 }
 
+// warmBuild is one build of safe-run that warmMain measures.
+type warmBuild struct {
+	name string
+	o    options
+}
+
 // warmMain measures only the warm rows, of this build and, if baseline is
 // a directory, of the build whose binaries it holds: both servers run at
 // once, each with its pool full before each of its calls, and their calls
 // take turns, so that the two builds see the same load.
 func warmMain(o options, baseline string) {
-	builds := []struct {
-		name string
-		o    options
-	}{{"this build", o}}
+	builds := []warmBuild{{"this build", o}}
 	if baseline != "" {
 		b := o
 		b.bin, b.agent = filepath.Join(baseline, "safe-run"), filepath.Join(baseline, "safe-run-agent")
-		builds = append(builds, struct {
-			name string
-			o    options
-		}{"baseline " + baseline, b})
+		builds = append(builds, warmBuild{"baseline " + baseline, b})
 	}
 	servers := make([]*server, len(builds))
 	for i, b := range builds {
@@ -102,8 +103,19 @@ func warmMain(o options, baseline string) {
 				}
 			}
 		}
+		if r > 0 && r < o.runs {
+			// The table so far: a run stopped early still tells.
+			log.Printf("after %d of %d rounds:", r, o.runs)
+			printWarmTable(builds, ds, r)
+		}
 	}
-	head := []string{fmt.Sprintf("warm MCP `run_code`, %d spaced calls", o.runs)}
+	printWarmTable(builds, ds, o.runs)
+}
+
+// printWarmTable prints the warm rows of each build measured so far, runs
+// calls each.
+func printWarmTable(builds []warmBuild, ds [][][]time.Duration, runs int) {
+	head := []string{fmt.Sprintf("warm MCP `run_code`, %d spaced calls", runs)}
 	for _, b := range builds {
 		head = append(head, b.name+": p50 / p95 / min (ms)")
 	}
@@ -111,7 +123,7 @@ func warmMain(o options, baseline string) {
 	for j, p := range warmPrograms {
 		cells := []string{p.Lang + " `" + p.Name + "`"}
 		for i := range builds {
-			st := summarise(ds[i][j])
+			st := summarise(slices.Clone(ds[i][j]))
 			cells = append(cells, fmt.Sprintf("%.1f / %.1f / %.1f", st.P50, st.P95, st.Min))
 		}
 		fmt.Printf("| %s |\n", strings.Join(cells, " | "))
