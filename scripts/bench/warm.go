@@ -69,8 +69,8 @@ type warmBuild struct {
 
 // warmMain measures only the warm rows, of this build and, if baseline is
 // a directory, of the build whose binaries it holds: both servers run at
-// once, each with its pool full before each of its calls, and their calls
-// take turns, so that the two builds see the same load.
+// once, their calls take turns, so that the two builds see the same load,
+// and each call waits until both pools are full.
 func warmMain(o options, baseline string) {
 	builds := []warmBuild{{"this build", o}}
 	if baseline != "" {
@@ -94,6 +94,13 @@ func warmMain(o options, baseline string) {
 	for r := range o.runs + 1 {
 		for j, p := range warmPrograms {
 			for i, s := range servers {
+				// Every pool full, not only this one's: a refill of the
+				// other build's must not run during this call.
+				for _, other := range servers {
+					if err := other.waitFull(); err != nil {
+						log.Fatalf("%s: %v", builds[i].name, err)
+					}
+				}
 				d, err := s.timed(p.Lang, p.Code)
 				if err != nil {
 					log.Fatalf("%s: warm %s %s: %v", builds[i].name, p.Lang, p.Name, err)
