@@ -184,7 +184,7 @@ func (s *server) run(req *Request) *Exit {
 	var c *child
 	var err error
 	if s.warmed != nil {
-		c, err = s.launchWarm(req, code)
+		c, err = s.launchWarm(req, code, len(files) > 0)
 	} else {
 		c, err = s.launch(req)
 	}
@@ -233,12 +233,12 @@ func (s *server) launch(req *Request) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.stdout, outW, err = pipe(); err != nil {
+	if c.stdout, outW, err = outputPipe(); err != nil {
 		closeFDs(inR)
 		inW.Close()
 		return nil, err
 	}
-	if c.stderr, errW, err = pipe(); err != nil {
+	if c.stderr, errW, err = outputPipe(); err != nil {
 		closeFDs(inR, outW)
 		inW.Close()
 		c.close()

@@ -6,7 +6,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"syscall"
 	"time"
@@ -26,10 +25,17 @@ import (
 // lazyOutput is how long after its start a run's output pipes are watched
 // only for their end (a warm driver's, see endName) and not for data: a
 // program that ends within it (most warm runs) has its output read once,
-// at its end, instead of waking the agent for each write. A
-// program that writes more than a pipe holds (64 KiB) in that time waits
-// at most this long for the agent to start reading.
-const lazyOutput = 5 * time.Millisecond
+// at its end, instead of waking the agent for each write and once more at
+// the end of the window. A program that writes more than a pipe holds
+// (outputPipeSize) in that time waits at most this long for the agent to
+// start reading. 5 ms was too short: on a loaded host a warm print(1)
+// takes longer, and the window's end was one more wake-up in its path.
+const lazyOutput = 25 * time.Millisecond
+
+// outputPipeSize is the capacity asked for the output pipes (Linux's
+// default limit for an unprivileged process, and gVisor's), so that a
+// program rarely waits for the agent to read during lazyOutput.
+const outputPipeSize = 1 << 20
 
 // child is a program the agent started and watches.
 type child struct {
@@ -39,8 +45,11 @@ type child struct {
 	// gives none, a pipe that exitPipe writes to stands in for it.
 	pidfd int
 	// report is the warm driver's status descriptor, on which it writes
-	// "fail MESSAGE" if it cannot start the program and which it closes
-	// before the program runs; -1 for a program started cold.
+	// "fail MESSAGE" if it cannot start the program, and then exits; it
+	// closes it before the program runs. It is read once the driver has
+	// exited, not watched: watching it would wake the agent when the
+	// driver closes it, in the middle of the run. -1 for a program
+	// started cold.
 	report int
 	// named says the program is a warm driver, which ends by naming its
 	// process "srexit:CODE" (see endName) and then closing its stdio.
@@ -66,14 +75,13 @@ type supervised struct {
 // supervise watches c until it ends or timeout passes, feeding its output to
 // the captures, then kills what the run left (killRun), takes what is
 // already in its pipes without waiting for anyone to close them, and closes
-// them. A warm driver's "fail" report ends the run as the program's exit
-// would; otherwise its exit does.
+// them. A warm driver that exits after a "fail" report ends the run with
+// that failure; otherwise its exit, or its end by name, does.
 func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *streamCapture) supervised {
 	start := time.Now()
 	deadline := start.Add(timeout)
 	eager := start.Add(lazyOutput)
 	var res supervised
-	var reportBuf []byte
 	buf := make([]byte, 32<<10)
 	fds := make([]unix.PollFd, 0, 4)
 	for {
@@ -84,9 +92,6 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 		wake := deadline
 		fds = fds[:0]
-		if c.report >= 0 {
-			fds = append(fds, unix.PollFd{Fd: int32(c.report), Events: unix.POLLIN})
-		}
 		if c.pidfd >= 0 {
 			fds = append(fds, unix.PollFd{Fd: int32(c.pidfd), Events: unix.POLLIN})
 		}
@@ -117,21 +122,6 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 				continue
 			}
 			switch int(p.Fd) {
-			case c.report:
-				n, err := unix.Read(c.report, buf)
-				if n > 0 {
-					reportBuf = append(reportBuf, buf[:n]...)
-					if fail, ok := parseReport(reportBuf); ok {
-						res.failed, ended = fail, true
-						res.took = time.Since(start)
-					}
-				}
-				// A driver's failure is one short line; more is not its.
-				if n == 0 || len(reportBuf) > maxReport || (err != nil && !errors.Is(err, unix.EAGAIN)) {
-					// The driver closed it or died: its exit tells the rest.
-					unix.Close(c.report)
-					c.report = -1
-				}
 			case c.pidfd:
 				if ws, ok := c.reap(); ok {
 					res.ws, res.exited, ended = ws, true, true
@@ -154,6 +144,12 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 		if ended {
 			break
+		}
+	}
+	if res.exited && c.report >= 0 {
+		// The driver wrote its failure, if any, before it exited.
+		if fail, ok := parseReport(readReport(c.report, buf)); ok {
+			res.failed = fail
 		}
 	}
 	if res.timedOut {
@@ -226,16 +222,25 @@ func (s *server) killPending() {
 // one channel from the driver that needs no descriptor the program could
 // see; a program can set it too, and so end its own run early, as it could
 // by exiting.
+//
+// It reads the name with three plain system calls: os.ReadFile would add
+// a stat and the poller's registration to the end of every warm run.
 func endName(pid int) (code int, ok bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/comm")
+	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/comm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return 0, false
 	}
-	n, found := bytes.CutPrefix(bytes.TrimSpace(b), []byte("srexit:"))
+	var b [64]byte // a name is at most 16 bytes
+	n, err := unix.Read(fd, b[:])
+	unix.Close(fd)
+	if err != nil || n <= 0 {
+		return 0, false
+	}
+	name, found := bytes.CutPrefix(bytes.TrimSpace(b[:n]), []byte("srexit:"))
 	if !found {
 		return 0, false
 	}
-	code, err = strconv.Atoi(string(n))
+	code, err = strconv.Atoi(string(name))
 	if err != nil || code < 0 || code > 255 {
 		return 0, false
 	}
@@ -259,6 +264,24 @@ func parseReport(b []byte) (fail string, ok bool) {
 		}
 		b = rest
 	}
+}
+
+// readReport reads what the exited driver left on its status descriptor,
+// without waiting: at most maxReport bytes, since a driver's failure is one
+// short line.
+func readReport(fd int, buf []byte) []byte {
+	var b []byte
+	for len(b) <= maxReport {
+		n, err := unix.Read(fd, buf)
+		if n > 0 {
+			b = append(b, buf[:n]...)
+			continue
+		}
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	return b
 }
 
 // readInto reads once from fd into c, and closes fd at its end.
@@ -392,6 +415,15 @@ func pipe() (r, w int, err error) {
 		return -1, -1, err
 	}
 	return p[0], p[1], nil
+}
+
+// outputPipe is a pipe for a program's stdout or stderr: pipe's, with room
+// for outputPipeSize bytes where the kernel grants it.
+func outputPipe() (r, w int, err error) {
+	if r, w, err = pipe(); err == nil {
+		_, _ = unix.FcntlInt(uintptr(r), unix.F_SETPIPE_SZ, outputPipeSize) // best effort: 64 KiB is correct, only slower
+	}
+	return r, w, err
 }
 
 // forkExec starts path as the program: in the workspace, in a process group

@@ -149,11 +149,11 @@ func (s *server) startWarm(argv, env []string) (*warmProgram, error) {
 		return fail(err)
 	}
 	childFDs = append(childFDs, inR)
-	if w.stdout, outW, err = pipe(); err != nil {
+	if w.stdout, outW, err = outputPipe(); err != nil {
 		return fail(err)
 	}
 	childFDs = append(childFDs, outW)
-	if w.stderr, errW, err = pipe(); err != nil {
+	if w.stderr, errW, err = outputPipe(); err != nil {
 		return fail(err)
 	}
 	childFDs = append(childFDs, errW)
@@ -279,8 +279,11 @@ func scriptArg(argv []string) string {
 
 // runMessage is the "run" message: the code file (name, octal mode, length
 // and bytes; an empty name for none), the output directory to make ("" for
-// none), then the run's argv, each field ended by a NUL.
-func runMessage(code *File, outDir string, argv []string) []byte {
+// none), "1" if the user site may hold what the driver's last look at it
+// (at the prime) did not (newSite: the agent wrote files or installed
+// packages for the run) and "" otherwise, then the run's argv, each field
+// ended by a NUL.
+func runMessage(code *File, outDir string, newSite bool, argv []string) []byte {
 	var p bytes.Buffer
 	if code != nil {
 		mode := code.Mode & 0o777
@@ -293,6 +296,10 @@ func runMessage(code *File, outDir string, argv []string) []byte {
 		p.WriteString("\x00\x00\x000\x00")
 	}
 	p.WriteString(outDir)
+	p.WriteByte(0)
+	if newSite {
+		p.WriteByte('1')
+	}
 	p.WriteByte(0)
 	for _, a := range argv {
 		p.WriteString(a)
@@ -318,8 +325,9 @@ func writeFull(fd int, b []byte) error {
 
 // launchWarm hands the run to the warm interpreter, which writes code (if
 // not nil), makes the output directory and runs argv as a cold start of
-// argv would, and returns it as a child to supervise.
-func (s *server) launchWarm(req *Request, code *File) (*child, error) {
+// argv would, and returns it as a child to supervise. wrote says the agent
+// wrote other files of the request.
+func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error) {
 	w := s.warmed
 	s.warmed = nil
 	outDir := ""
@@ -340,7 +348,7 @@ func (s *server) launchWarm(req *Request, code *File) (*child, error) {
 	feedStdin(w.stdin, req.Stdin)
 	// If the driver died, the write fails (EPIPE) and its exit tells the
 	// rest.
-	_ = writeFull(w.cmd, runMessage(code, outDir, req.Argv))
+	_ = writeFull(w.cmd, runMessage(code, outDir, wrote || len(req.Install) > 0, req.Argv))
 	unix.Close(w.cmd)
 	return c, nil
 }

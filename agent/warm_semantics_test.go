@@ -160,11 +160,8 @@ func TestWarmDriverClosesItsDescriptors(t *testing.T) {
 			if n, _ := statR.Read(status); string(status[:n]) != "ready\n" {
 				t.Fatalf("first answer %q, want ready", status[:n])
 			}
-			var payload bytes.Buffer
-			payload.WriteString(tc.file + "\x00644\x00")
-			payload.WriteString(strconv.Itoa(len(tc.code)) + "\x00" + tc.code)
-			payload.WriteString("\x00" + tc.bin + "\x00" + tc.file + "\x00")
-			if _, err := cmdW.Write(append([]byte("run "+strconv.Itoa(payload.Len())+"\n"), payload.Bytes()...)); err != nil {
+			msg := agent.RunMessage(&agent.File{Path: tc.file, Mode: 0o644, Data: []byte(tc.code)}, "", false, []string{tc.bin, tc.file})
+			if _, err := cmdW.Write(msg); err != nil {
 				t.Fatal(err)
 			}
 			cmdW.Close()
@@ -222,11 +219,7 @@ print("main program output")
 func TestWarmCodeFile(t *testing.T) {
 	for _, kind := range []string{"python", "node"} {
 		t.Run(kind, func(t *testing.T) {
-			bin := map[string]string{"python": "python3", "node": "node"}[kind]
-			if _, err := exec.LookPath(bin); err != nil {
-				t.Skipf("no %s on this host", bin)
-			}
-			file := map[string]string{"python": "main.py", "node": "main.js"}[kind]
+			bin, file := driverKind(t, kind)
 			var code string
 			if kind == "python" {
 				code = "import os\nprint(oct(os.stat(__file__).st_mode & 0o7777), os.path.isdir('out/plots'))\n"
@@ -262,6 +255,17 @@ func TestWarmCodeFile(t *testing.T) {
 			}
 		})
 	}
+}
+
+// driverKind is the interpreter and code file of a warm driver's kind; it
+// skips the test on a host without that interpreter.
+func driverKind(t *testing.T, kind string) (bin, file string) {
+	t.Helper()
+	bin = map[string]string{"python": "python3", "node": "node"}[kind]
+	if _, err := exec.LookPath(bin); err != nil {
+		t.Skipf("no %s on this host", bin)
+	}
+	return bin, map[string]string{"python": "main.py", "node": "main.js"}[kind]
 }
 
 func umask() os.FileMode {
@@ -333,6 +337,78 @@ func TestWarmBashEndsAsCold(t *testing.T) {
 			sameEnd(t, tt.name, warm, cold)
 			if !bytes.Equal(warm.stderr, cold.stderr) {
 				t.Errorf("stderr: warm %q, cold %q", warm.stderr, cold.stderr)
+			}
+		})
+	}
+}
+
+// TestWarmDriverFailsToWrite: a driver that cannot write the code file
+// reports why and exits; the agent reads the report after the exit (it
+// does not watch the descriptor during the run) and the run fails as a
+// cold run whose file cannot be written does: code -1, naming the file.
+func TestWarmDriverFailsToWrite(t *testing.T) {
+	for _, kind := range []string{"python", "node"} {
+		t.Run(kind, func(t *testing.T) {
+			bin, file := driverKind(t, kind)
+			dir := t.TempDir()
+			// A directory where the code file goes: neither the driver nor
+			// the agent can write it.
+			if err := os.Mkdir(filepath.Join(dir, file), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			s := serve(t, agent.Config{Workdir: dir, OneShot: true},
+				agent.Request{Op: agent.OpWarm, Interpreter: kind, Timeout: 5 * time.Second},
+				agent.Request{Files: []agent.File{{Path: file, Data: []byte("print(1)\n")}}, Argv: []string{bin, file},
+					Timeout: 5 * time.Second, OutputBytes: 1 << 20},
+			)
+			runs := s.runs(t)
+			if len(runs) != 2 {
+				t.Fatalf("events: %s", dump(s.events))
+			}
+			e := runs[1].exit
+			if e.Code != -1 || !strings.Contains(e.Error, "write") || !strings.Contains(e.Error, file) || e.TimedOut {
+				t.Errorf("exit %+v; want code -1 and an error naming the write of %s", e, file)
+			}
+		})
+	}
+}
+
+// TestWarmSeesTheUserSite: a warm Python started before the user site
+// existed imports from it when the run's own files or its install step
+// made it, as a cold python3 started after them would.
+func TestWarmSeesTheUserSite(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this host")
+	}
+	out, err := exec.Command("python3", "-c", "import sys; print('python%d.%d' % sys.version_info[:2])").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	site := ".local/lib/" + strings.TrimSpace(string(out)) + "/site-packages"
+	for _, tc := range []struct {
+		name    string
+		files   []agent.File
+		install []string
+	}{
+		{"files", []agent.File{{Path: site + "/newmod.py", Data: []byte("v = 'there'\n")}}, nil},
+		{"install", nil, []string{"sh", "-c", `mkdir -p "$1" && echo "v = 'there'" > "$1/newmod.py"`, "sh", site}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			env := []string{"HOME=" + dir, "PYTHONUSERBASE=" + filepath.Join(dir, ".local")}
+			files := append([]agent.File{{Path: "main.py", Data: []byte("import newmod\nprint(newmod.v)\n")}}, tc.files...)
+			s := serve(t, agent.Config{Workdir: dir, OneShot: true},
+				agent.Request{Op: agent.OpWarm, Interpreter: "python", Env: env, Timeout: 5 * time.Second},
+				agent.Request{Op: agent.OpWarm, Timeout: 5 * time.Second}, // the prime, before the files exist
+				agent.Request{Files: files, Install: tc.install, Env: env, Argv: []string{"python3", "main.py"},
+					Timeout: 5 * time.Second, OutputBytes: 1 << 20},
+			)
+			runs := s.runs(t)
+			if len(runs) != 3 {
+				t.Fatalf("events: %s", dump(s.events))
+			}
+			if got := string(runs[2].stdout); got != "there\n" {
+				t.Errorf("the run printed %q (stderr %q, exit %+v), want the module from the user site", got, runs[2].stderr, runs[2].exit)
 			}
 		})
 	}

@@ -93,7 +93,8 @@ if (command !== 'run') process.reallyExit(0);
 fs.closeSync(3);
 
 // The run: NUL-ended fields name, octal mode, length, the code's bytes,
-// then the output directory and the argv.
+// then the output directory, whether the user site may have changed (unused
+// here) and the argv.
 const field = (from) => { const end = payload.indexOf(0, from); return [payload.subarray(from, end).toString(), end + 1]; };
 let at = 0;
 let name, mode, size, outDir;
@@ -103,6 +104,7 @@ let name, mode, size, outDir;
 const code = payload.subarray(at, at + Number(size));
 at += Number(size);
 [outDir, at] = field(at);
+[, at] = field(at);
 const argv = [];
 while (at < payload.length) {
   let a;

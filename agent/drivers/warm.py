@@ -11,17 +11,28 @@
 # which would otherwise slow the run) and to reseed the random generators
 # that every sandbox restored from one checkpoint would share; it answers
 # "primed". "run" carries the code file to write, the output directory to
-# make and the run's argv; the driver writes the file (or answers "fail
-# MSG"), closes both its descriptors, so that the program has only its
+# make, whether the user site may have changed, and the run's argv; the
+# driver writes the file (or answers "fail MSG" and exits), closes both its
+# descriptors, so that the program has only its
 # stdio as a cold `python3 main.py` would, and runs the script argv names
 # (its first argument that is not an option) as `python3 argv...` would, as
 # __main__. At its end the driver names its process "srexit:CODE", with the
 # code the script would have exited with, closes its stdio and exits; the
 # agent takes the name, read once both pipes have ended, as the end of the
 # run, and otherwise sees the exit itself.
+import atexit
+import builtins
 import fcntl
 import os
 import sys
+import traceback
+import types
+
+# What run and see_new_packages use is imported now, before "ready": an
+# import during the run, even of a module already loaded, is work in its
+# path.
+import importlib  # noqa: E402
+import site  # noqa: E402
 
 
 def preload(names):
@@ -88,7 +99,8 @@ def parse_run(payload):
     data, rest = rest[:size], rest[size:]
     fields = rest.split(b"\0")
     decode = lambda b: b.decode("utf-8", "surrogateescape")
-    return decode(name), int(mode or b"0", 8), data, decode(fields[0]), [decode(a) for a in fields[1:-1]]
+    return (decode(name), int(mode or b"0", 8), data, decode(fields[0]), fields[1] == b"1",
+            [decode(a) for a in fields[2:-1]])
 
 
 def write_code(name, mode, data):
@@ -138,6 +150,11 @@ def prime():
         finally:
             sys.stdout = saved
         see_new_packages()
+        # The end of a run names the process through ctypes: the first
+        # call after a restore maps libffi's pages back. The name stays.
+        _prctl(PR_SET_NAME, b"python3", 0, 0, 0)
+        sys.stdout.flush()
+        sys.stderr.flush()
     except OSError:
         pass
     finally:
@@ -180,9 +197,6 @@ def reseed():
 def see_new_packages():
     """Puts packages the install step put in the user site on sys.path: it
     ran after this interpreter started, when site skipped the directory."""
-    import importlib
-    import site
-
     user_site = site.getusersitepackages()
     if not os.path.isdir(user_site):
         return  # nothing was installed there
@@ -191,19 +205,19 @@ def see_new_packages():
     importlib.invalidate_caches()
 
 
-def run(argv):
-    import atexit
-    import builtins
-    import traceback
-    import types
-
+def run(argv, written, source, new_site):
+    """Runs the script argv names as __main__. written is the file the
+    driver wrote, with source its bytes (None: read the file), which are
+    compiled without reading the file back; new_site says the agent wrote files or installed packages
+    since the prime, which saw the user site last."""
     i = 1
     while argv[i].startswith("-"):
         i += 1
     path = os.path.abspath(argv[i])
     sys.argv = argv[i:]
     sys.path[0] = os.path.dirname(path)
-    see_new_packages()
+    if new_site:
+        see_new_packages()
     main = types.ModuleType("__main__")
     main.__file__ = path
     main.__builtins__ = builtins
@@ -211,8 +225,9 @@ def run(argv):
     code = 0
     interrupted = False
     try:
-        with open(path, "rb") as f:
-            source = f.read()
+        if source is None or os.path.abspath(written) != path:
+            with open(path, "rb") as f:
+                source = f.read()
         exec(compile(source, path, "exec"), main.__dict__)
     except SystemExit as e:
         code = exit_code(e)
@@ -278,7 +293,7 @@ while True:
 if command != "run":
     os._exit(0)  # the agent is gone or confused; there is nothing to run
 os.close(CMD)
-name, mode, data, out_dir, argv = parse_run(payload)
+name, mode, data, out_dir, new_site, argv = parse_run(payload)
 try:
     if name:
         write_code(name, mode, data)
@@ -291,4 +306,6 @@ except OSError as e:
 # it could write to would let it end its run with a forged report (the
 # threat suite's T6 checks that a run has only its stdio).
 os.close(STATUS)
-run(argv)
+# The code is compiled from the bytes just written, unless its owner cannot
+# read the file: a cold python3 would fail to open it.
+run(argv, name, data if name and mode & 0o400 else None, new_site)

@@ -72,6 +72,8 @@ func main() {
 	var compare listFlag
 	flag.Var(&compare, "compare", "with -cold: another safe-run binary measured in the same turns, e.g. a build of the commit before a change (repeatable)")
 	cpuOnly := flag.Bool("cpu", false, "measure only the CPU rows: raw `runsc run`, cold `safe-run run`, a restore and its prime, a warm call all in (-cpu-runs each)")
+	warmOnly := flag.Bool("warm", false, "measure only the warm rows (-runs spaced calls per language); with -baseline, also the safe-run binaries in that directory, call by call in turn")
+	baseline := flag.String("baseline", "", "with -warm: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.Parse()
 	if o.quick {
@@ -113,6 +115,10 @@ func main() {
 	}
 	if *monitorOnly {
 		monitorMain(o)
+		return
+	}
+	if *warmOnly {
+		warmMain(o, *baseline)
 		return
 	}
 	start := time.Now()

@@ -3,6 +3,9 @@ package main
 import (
 	"fmt"
 	"log"
+	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -56,4 +59,80 @@ func measureWarm(s *server, runs int) ([]Warm, error) {
 		out = append(out, w)
 	}
 	return out, nil
+}
+
+// warmBuild is one build of safe-run that warmMain measures.
+type warmBuild struct {
+	name string
+	o    options
+}
+
+// warmMain measures only the warm rows, of this build and, if baseline is
+// a directory, of the build whose binaries it holds: both servers run at
+// once, their calls take turns, so that the two builds see the same load,
+// and each call waits until both pools are full.
+func warmMain(o options, baseline string) {
+	builds := []warmBuild{{"this build", o}}
+	if baseline != "" {
+		b := o
+		b.bin, b.agent = filepath.Join(baseline, "safe-run"), filepath.Join(baseline, "safe-run-agent")
+		builds = append(builds, warmBuild{"baseline " + baseline, b})
+	}
+	servers := make([]*server, len(builds))
+	for i, b := range builds {
+		s, err := startServer(b.o, nil, warmPoolSize, "--pool", warmPool, "--agent", b.o.agent)
+		if err != nil {
+			log.Fatalf("%s: %v", b.name, err)
+		}
+		defer s.close()
+		servers[i] = s
+	}
+	ds := make([][][]time.Duration, len(builds))
+	for i := range ds {
+		ds[i] = make([][]time.Duration, len(warmPrograms))
+	}
+	for r := range o.runs + 1 {
+		for j, p := range warmPrograms {
+			for i, s := range servers {
+				// Every pool full, not only this one's: a refill of the
+				// other build's must not run during this call.
+				for _, other := range servers {
+					if err := other.waitFull(); err != nil {
+						log.Fatalf("%s: %v", builds[i].name, err)
+					}
+				}
+				d, err := s.timed(p.Lang, p.Code)
+				if err != nil {
+					log.Fatalf("%s: warm %s %s: %v", builds[i].name, p.Lang, p.Name, err)
+				}
+				if r > 0 {
+					ds[i][j] = append(ds[i][j], d)
+				}
+			}
+		}
+		if r > 0 && r < o.runs {
+			// The table so far: a run stopped early still tells.
+			log.Printf("after %d of %d rounds:", r, o.runs)
+			printWarmTable(builds, ds, r)
+		}
+	}
+	printWarmTable(builds, ds, o.runs)
+}
+
+// printWarmTable prints the warm rows of each build measured so far, runs
+// calls each.
+func printWarmTable(builds []warmBuild, ds [][][]time.Duration, runs int) {
+	head := []string{fmt.Sprintf("warm MCP `run_code`, %d spaced calls", runs)}
+	for _, b := range builds {
+		head = append(head, b.name+": p50 / p95 / min (ms)")
+	}
+	fmt.Printf("| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
+	for j, p := range warmPrograms {
+		cells := []string{p.Lang + " `" + p.Name + "`"}
+		for i := range builds {
+			st := summarise(slices.Clone(ds[i][j]))
+			cells = append(cells, fmt.Sprintf("%.1f / %.1f / %.1f", st.P50, st.P95, st.Min))
+		}
+		fmt.Printf("| %s |\n", strings.Join(cells, " | "))
+	}
 }
