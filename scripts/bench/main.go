@@ -45,6 +45,11 @@ type options struct {
 	runs, throughputRuns           int
 	burst, cpuRuns                 int
 	quick                          bool
+	// warmRuns and monitorBaseline are -monitor's: calls of each warm
+	// cell (0: runs), and a second safe-run binary whose warm row is
+	// measured in the same turns.
+	warmRuns        int
+	monitorBaseline string
 }
 
 // quickOptions are what -quick sets, unless given: a run of a few minutes
@@ -67,6 +72,8 @@ func main() {
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
+	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
+	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent, shim and runsc beside it), e.g. an earlier commit's, whose warm row is measured in the same turns")
 	flag.Parse()
 	if o.quick {
 		set := map[string]bool{}
