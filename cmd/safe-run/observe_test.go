@@ -167,3 +167,27 @@ func TestMCPMetricsWithoutPool(t *testing.T) {
 		t.Errorf("pool size reported (%v) without a pool", v)
 	}
 }
+
+// The behaviour monitor's counters move with real runs: trace points by
+// kind, and rule hits by rule and action only when a rule fired.
+func TestMCPMonitorMetrics(t *testing.T) {
+	ts := startServer(t, "http", "--pool=")
+	metrics := strings.TrimSuffix(ts.url, "/mcp") + "/metrics"
+	execs, shell := `safe_run_monitor_events_total{kind="sentry_exec"}`, `safe_run_monitor_rules_total{action="record",rule="shell-from-python"}`
+	if res, out := ts.mustCall(t, map[string]any{"language": "python", "code": "print(1)"}); res.IsError {
+		t.Fatalf("run: %v %s", out, text(res))
+	}
+	quiet := metricValue(t, metrics, execs)
+	if quiet != 1 || metricValue(t, metrics, shell) != -1 {
+		t.Errorf("after print(1): %s = %v, want 1 (the interpreter); %s = %v, want absent", execs, quiet, shell, metricValue(t, metrics, shell))
+	}
+	if res, out := ts.mustCall(t, map[string]any{"language": "python", "code": `import subprocess; subprocess.run(["sh", "-c", "true"])`}); res.IsError {
+		t.Fatalf("run: %v %s", out, text(res))
+	}
+	if v := metricValue(t, metrics, execs); v != quiet+2 {
+		t.Errorf("after a run starting a shell: %s = %v, want %v (the interpreter and the shell)", execs, v, quiet+2)
+	}
+	if v := metricValue(t, metrics, shell); v != 1 {
+		t.Errorf("%s = %v, want 1", shell, v)
+	}
+}
