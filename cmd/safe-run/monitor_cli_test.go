@@ -52,23 +52,7 @@ func TestMonitorCLI(t *testing.T) {
 		t.Errorf("print(1): activity %+v, want nothing notable", quiet.Activity)
 	}
 
-	if v := safeRun(t, "", "audit", "verify", logPath); v.code != 0 {
-		t.Fatalf("audit verify: exit %d: %s", v.code, v.stderr)
-	}
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var recs []audit.Record
-	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-		var rec audit.Record
-		if err := json.Unmarshal(line, &rec); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		if rec.Event == audit.EventRun {
-			recs = append(recs, rec)
-		}
-	}
+	data, recs := verifiedRunRecords(t, logPath)
 	if len(recs) != 2 {
 		t.Fatalf("%d run records, want 2", len(recs))
 	}
@@ -124,23 +108,7 @@ func TestMonitorRulesAudit(t *testing.T) {
 			runs = append(runs, want{tc.Rule, run.summary, run.fires, res.Activity})
 		}
 	}
-	if v := safeRun(t, "", "audit", "verify", logPath); v.code != 0 {
-		t.Fatalf("audit verify: exit %d: %s", v.code, v.stderr)
-	}
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var recs []audit.Record
-	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-		var rec audit.Record
-		if err := json.Unmarshal(line, &rec); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		if rec.Event == audit.EventRun {
-			recs = append(recs, rec)
-		}
-	}
+	_, recs := verifiedRunRecords(t, logPath)
 	if len(recs) != len(runs) {
 		t.Fatalf("%d run records, want %d", len(recs), len(runs))
 	}
@@ -166,6 +134,30 @@ func TestMonitorRulesAudit(t *testing.T) {
 	if entries, _ := os.ReadDir(state); len(entries) != 0 {
 		t.Errorf("left in the state directory: %v", entries)
 	}
+}
+
+// verifiedRunRecords checks the audit log's chain with `audit verify` and
+// returns the log and its run records, in order.
+func verifiedRunRecords(t *testing.T, logPath string) ([]byte, []audit.Record) {
+	t.Helper()
+	if v := safeRun(t, "", "audit", "verify", logPath); v.code != 0 {
+		t.Fatalf("audit verify: exit %d: %s", v.code, v.stderr)
+	}
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []audit.Record
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var rec audit.Record
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		if rec.Event == audit.EventRun {
+			recs = append(recs, rec)
+		}
+	}
+	return data, recs
 }
 
 func hasRule(a *sandbox.Activity, rule, action string) bool {
