@@ -272,6 +272,33 @@ func TestMonitorPooled(t *testing.T) {
 	}
 }
 
+// TestMonitorFull checks that runsc accepts the full level's session (a
+// refused one would leave the stream without container/start, and Lost
+// would say so) and that its extra points reach the activity: the signals
+// sent and a listen.
+func TestMonitorFull(t *testing.T) {
+	rt := newMonitoredRuntime(t, monitor.LevelFull, nil, nil)
+	code := "import os, signal, socket\nsignal.signal(signal.SIGUSR1, lambda *a: None)\nos.kill(os.getpid(), signal.SIGUSR1)\n" +
+		"s = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen()"
+	res, err := rt.Run(context.Background(), sandbox.Job{Language: "python", Code: code})
+	if err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("run: %v %s %s %s", err, res.Status, res.Message, res.Stderr)
+	}
+	a := res.Activity
+	if a == nil || a.Lost != "" {
+		t.Fatalf("activity %+v: want one, not lost", a)
+	}
+	if !slices.ContainsFunc(a.Signals, func(s sandbox.SignalSent) bool { return s.Signal == "SIGUSR1" && s.Target == s.PID }) {
+		t.Errorf("signals %+v, want SIGUSR1 sent by the program to itself", a.Signals)
+	}
+	if !slices.ContainsFunc(a.Network, func(n sandbox.NetworkAttempt) bool { return n.Op == "listen" && n.Result == "ok" }) {
+		t.Errorf("network %+v, want a listen", a.Network)
+	}
+	if got, want := a.Summary(), "3 network attempts, 1 signal sent"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
+	}
+}
+
 // TestMonitorOff checks that a backend with the monitor off gives no
 // activity.
 func TestMonitorOff(t *testing.T) {
