@@ -430,6 +430,8 @@ func TestHostileStreams(t *testing.T) {
 // non-blocking sink that drops on a full socket, as runsc's does) and
 // checks that Close returns promptly while the flood goes on.
 func TestFloodAndClose(t *testing.T) {
+	// The limiter fills from the monitor's start: the bound counts from it.
+	began := time.Now()
 	m := startMonitor(t, Options{Limits: Limits{EventsPerSecond: 1000, Settle: 50 * time.Millisecond}})
 	s := dial(t, m)
 	if err := unix.SetNonblock(s.fd, true); err != nil {
@@ -457,7 +459,6 @@ func TestFloodAndClose(t *testing.T) {
 			}
 		}
 	}()
-	began := time.Now()
 	time.Sleep(300 * time.Millisecond)
 	mid := m.Total().Events["open"]
 	bound := 2000 + int(1000*time.Since(began).Seconds()) + 1
@@ -487,6 +488,11 @@ func TestExtraConnections(t *testing.T) {
 	s.send(coldRun()...)
 	extra := dialRaw(t, m)
 	extra.close()
+	// The extra connection is refused when the monitor accepts it, which
+	// may come after Close stops listening: wait for it first.
+	for deadline := time.Now().Add(10 * time.Second); m.Total().Lost == "" && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	got := finish(t, m, s)
 	if !strings.Contains(got.Lost, "more than 1 trace connections") {
 		t.Errorf("lost %q", got.Lost)
