@@ -33,3 +33,18 @@ func BenchmarkDecodeApply(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSettle is what a run's report waits for the stream: a point
+// sent, then Take, which returns once the reader has applied it.
+func BenchmarkSettle(b *testing.B) {
+	m := startMonitor(b, Options{})
+	s := dial(b, m)
+	s.send(start("/safe-run-agent"))
+	pt := openat(2, "/workspace/f", unix.O_RDONLY, 0)
+	for b.Loop() {
+		s.send(pt)
+		if m.Take().Events["open"] != 1 {
+			b.Fatal("Take did not see the point sent before it")
+		}
+	}
+}

@@ -126,6 +126,9 @@ type Monitor struct {
 	closing atomic.Bool
 	wg      sync.WaitGroup
 
+	// idler wakes settle when a connection's reader goes idle.
+	idler idler
+
 	mu    sync.Mutex
 	conns []*conn
 	st    *state
@@ -138,6 +141,40 @@ type conn struct {
 	// before each read: with an empty queue it says every message read has
 	// been applied (settle).
 	idle atomic.Bool
+}
+
+// idler wakes the goroutines that settle when a reader goes idle: a
+// waiter takes the channel, then checks; a reader that goes idle closes
+// it. A reader pays only an atomic load while nobody waits.
+type idler struct {
+	waiting atomic.Bool
+	mu      sync.Mutex
+	ch      chan struct{}
+}
+
+// wait returns a channel closed at the next idle.
+func (w *idler) wait() <-chan struct{} {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch == nil {
+		w.ch = make(chan struct{})
+		w.waiting.Store(true)
+	}
+	return w.ch
+}
+
+// idle wakes the waiters, if any.
+func (w *idler) idle() {
+	if !w.waiting.Load() {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ch != nil {
+		close(w.ch)
+		w.ch = nil
+		w.waiting.Store(false)
+	}
 }
 
 // Start listens on socketPath (a new SOCK_SEQPACKET Unix socket; the file
@@ -224,6 +261,7 @@ func (m *Monitor) accept() {
 // costs points, not the program's time.
 func (m *Monitor) serve(c *conn) {
 	defer m.wg.Done()
+	defer m.idler.idle()
 	defer c.idle.Store(true)
 	defer c.Close()
 	if err := m.handshake(c.UnixConn); err != nil {
@@ -244,7 +282,7 @@ func (m *Monitor) serve(c *conn) {
 				return
 			}
 		}
-		n, flags, err := c.read(rc, buf)
+		n, flags, err := c.read(rc, buf, &m.idler)
 		if err != nil || !m.consume(buf[:n], flags) {
 			switch {
 			case err == nil:
@@ -258,13 +296,15 @@ func (m *Monitor) serve(c *conn) {
 }
 
 // read receives one message without blocking in the kernel (the runtime's
-// poller waits), keeping idle for settle.
-func (c *conn) read(rc syscall.RawConn, buf []byte) (n, flags int, err error) {
+// poller waits), keeping idle for settle and waking its waiters when the
+// queue is found empty.
+func (c *conn) read(rc syscall.RawConn, buf []byte, w *idler) (n, flags int, err error) {
 	rerr := rc.Read(func(fd uintptr) bool {
 		c.idle.Store(false)
 		n, _, flags, _, err = unix.Recvmsg(int(fd), buf, nil, unix.MSG_DONTWAIT)
 		if err == unix.EAGAIN || err == unix.EINTR {
 			c.idle.Store(true)
+			w.idle()
 			return false // wait until readable
 		}
 		if err == nil && n == 0 && flags&unix.MSG_TRUNC == 0 {
@@ -447,19 +487,43 @@ func (m *Monitor) Close() error {
 }
 
 // settle waits, at most Limits.Settle, until the connections' receive
-// queues are empty: what the sandbox did before now is then in the state.
+// queues are empty and their readers idle: what the sandbox did before now
+// is then in the state. It sleeps on the readers' idle notice, not on a
+// clock: it returns as soon as the last message queued is applied.
 func (m *Monitor) settle() {
-	m.mu.Lock()
-	conns := append([]*conn(nil), m.conns...)
-	m.mu.Unlock()
-	deadline := time.Now().Add(m.lim.Settle)
-	for _, c := range conns {
-		// The queue first: a message read after an idle reader's check
-		// would have been queued at it.
-		for (pending(c.UnixConn) || !c.idle.Load()) && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
+	var deadline *time.Timer
+	for {
+		wake := m.idler.wait() // before the check: an idle after it wakes us
+		if m.settled() {
+			break
+		}
+		if deadline == nil {
+			deadline = time.NewTimer(m.lim.Settle)
+		}
+		select {
+		case <-wake:
+		case <-deadline.C:
+			return
 		}
 	}
+	if deadline != nil {
+		deadline.Stop()
+	}
+}
+
+// settled reports whether every connection's queue is empty and its reader
+// idle. The queue is looked at first: a message read after an idle
+// reader's check would have been queued at it.
+func (m *Monitor) settled() bool {
+	m.mu.Lock()
+	conns := m.conns
+	m.mu.Unlock()
+	for _, c := range conns {
+		if pending(c.UnixConn) || !c.idle.Load() {
+			return false
+		}
+	}
+	return true
 }
 
 // pending reports whether c has messages not yet read.

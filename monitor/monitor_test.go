@@ -430,6 +430,8 @@ func TestHostileStreams(t *testing.T) {
 // non-blocking sink that drops on a full socket, as runsc's does) and
 // checks that Close returns promptly while the flood goes on.
 func TestFloodAndClose(t *testing.T) {
+	// The limiter fills from the monitor's start: the bound counts from it.
+	began := time.Now()
 	m := startMonitor(t, Options{Limits: Limits{EventsPerSecond: 1000, Settle: 50 * time.Millisecond}})
 	s := dial(t, m)
 	if err := unix.SetNonblock(s.fd, true); err != nil {
@@ -457,7 +459,6 @@ func TestFloodAndClose(t *testing.T) {
 			}
 		}
 	}()
-	began := time.Now()
 	time.Sleep(300 * time.Millisecond)
 	mid := m.Total().Events["open"]
 	bound := 2000 + int(1000*time.Since(began).Seconds()) + 1
@@ -487,6 +488,11 @@ func TestExtraConnections(t *testing.T) {
 	s.send(coldRun()...)
 	extra := dialRaw(t, m)
 	extra.close()
+	// The extra connection is refused when the monitor accepts it, which
+	// may come after Close stops listening: wait for it first.
+	for deadline := time.Now().Add(10 * time.Second); m.Total().Lost == "" && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
 	got := finish(t, m, s)
 	if !strings.Contains(got.Lost, "more than 1 trace connections") {
 		t.Errorf("lost %q", got.Lost)
@@ -668,5 +674,35 @@ func TestSilentSession(t *testing.T) {
 				t.Errorf("monitor-incomplete did not fire: %+v", got.Rules)
 			}
 		})
+	}
+}
+
+// TestSignals checks the signals of the full level's raw kill, tkill and
+// tgkill points: a probe (signal 0), a process's SIGURG to itself (the Go
+// runtime's preemption) and the signals of safe-run's agent (PID 1: its
+// SIGKILL to the finished run's group) are left out; every other signal
+// is recorded with its sender and target.
+func TestSignals(t *testing.T) {
+	raw := func(pid int32, sysno, a1, a2, a3 uint64) *pb.Syscall {
+		return &pb.Syscall{ContextData: ctx(pid, 0), Sysno: sysno, Arg1: a1, Arg2: a2, Arg3: a3}
+	}
+	m := startMonitor(t, Options{Level: LevelFull})
+	s := dial(t, m)
+	s.send(coldRun(
+		raw(1, unix.SYS_TGKILL, 1, 1, uint64(unix.SIGURG)),
+		raw(2, unix.SYS_TGKILL, 2, 2, uint64(unix.SIGURG)),
+		raw(2, unix.SYS_KILL, 9, 0, 0),
+		raw(2, unix.SYS_KILL, 9, uint64(unix.SIGTERM), 0),
+		raw(2, unix.SYS_TGKILL, 2, 3, uint64(unix.SIGUSR1)),
+		raw(2, unix.SYS_TKILL, 1, uint64(unix.SIGURG), 0), // another process's: kept
+		raw(1, unix.SYS_KILL, uint64(0x100000000-2), uint64(unix.SIGKILL), 0),
+	)...)
+	got := finish(t, m, s)
+	want := []sandbox.SignalSent{{PID: 2, Target: 9, Signal: "SIGTERM"}, {PID: 2, Target: 2, Signal: "SIGUSR1"}, {PID: 2, Target: 1, Signal: "SIGURG"}}
+	if !reflect.DeepEqual(got.Signals, want) {
+		t.Errorf("signals %+v, want %+v", got.Signals, want)
+	}
+	if got.Events["raw"] != 7 {
+		t.Errorf("events %v: every raw point counts", got.Events)
 	}
 }

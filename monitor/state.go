@@ -444,6 +444,16 @@ func (s *state) signal(p *pb.Syscall) {
 	if sig == 0 {
 		return // a probe of whether the process exists
 	}
+	if pid(p) == 1 {
+		// The container's first process is safe-run's agent: its
+		// signals (the end of a run's process group) are not the code's.
+		return
+	}
+	if sig == uint64(unix.SIGURG) && int32(target) == pid(p) {
+		// The Go runtime's preemption of its own threads (any Go
+		// program): many a second, and harmless.
+		return
+	}
 	name := unix.SignalName(syscall.Signal(sig))
 	if name == "" {
 		name = "signal " + strconv.FormatUint(sig, 10)

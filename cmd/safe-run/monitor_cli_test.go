@@ -5,10 +5,13 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/safe-run/safe-run/audit"
+	"github.com/safe-run/safe-run/monitor/monitortest"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -49,23 +52,7 @@ func TestMonitorCLI(t *testing.T) {
 		t.Errorf("print(1): activity %+v, want nothing notable", quiet.Activity)
 	}
 
-	if v := safeRun(t, "", "audit", "verify", logPath); v.code != 0 {
-		t.Fatalf("audit verify: exit %d: %s", v.code, v.stderr)
-	}
-	data, err := os.ReadFile(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var recs []audit.Record
-	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
-		var rec audit.Record
-		if err := json.Unmarshal(line, &rec); err != nil {
-			t.Fatalf("audit line %q: %v", line, err)
-		}
-		if rec.Event == audit.EventRun {
-			recs = append(recs, rec)
-		}
-	}
+	data, recs := verifiedRunRecords(t, logPath)
 	if len(recs) != 2 {
 		t.Fatalf("%d run records, want 2", len(recs))
 	}
@@ -84,6 +71,93 @@ func TestMonitorCLI(t *testing.T) {
 	if v := safeRun(t, "", "audit", "verify", logPath); v.code == 0 {
 		t.Error("audit verify accepts a log whose recorded activity was changed")
 	}
+}
+
+// TestMonitorRulesAudit runs, through `safe-run run` with an audit log,
+// for every default rule the program that makes it fire and its near miss
+// (monitortest.RuleCases), and checks the exact summary of the activity in
+// --json, that the rule fired once or not at all, and that each run's
+// audit record carries the same activity under a chain that verifies.
+// One firing run is repeated without --json: stderr has the summary line.
+func TestMonitorRulesAudit(t *testing.T) {
+	binary(t)
+	dir := t.TempDir()
+	state, logPath := filepath.Join(dir, "state"), filepath.Join(dir, "audit.log")
+	type want struct {
+		rule, summary string
+		fires         bool
+		activity      *sandbox.Activity
+	}
+	var runs []want
+	for _, tc := range monitortest.RuleCases {
+		for _, run := range []struct {
+			code, summary string
+			fires         bool
+		}{{tc.Fires, tc.FiresSummary, true}, {tc.Quiet, tc.QuietSummary, false}} {
+			r := safeRun(t, "", "run", "--json", "--state-dir", state, "--audit-log", logPath, "--lang", "python", "-c", run.code)
+			var res sandbox.Result
+			if err := json.Unmarshal([]byte(r.stdout), &res); err != nil || r.code != 0 || res.Activity == nil {
+				t.Fatalf("%s %q: exit %d, %v, activity %v\n%s", tc.Rule, run.code, r.code, err, res.Activity, r.stderr)
+			}
+			if got := res.Activity.Summary(); got != run.summary {
+				t.Errorf("%s %q: summary %q, want %q", tc.Rule, run.code, got, run.summary)
+			}
+			if got := hasRule(res.Activity, tc.Rule, "record"); got != run.fires {
+				t.Errorf("%s %q: fired %v, want %v; rules %+v", tc.Rule, run.code, got, run.fires, res.Activity.Rules)
+			}
+			runs = append(runs, want{tc.Rule, run.summary, run.fires, res.Activity})
+		}
+	}
+	_, recs := verifiedRunRecords(t, logPath)
+	if len(recs) != len(runs) {
+		t.Fatalf("%d run records, want %d", len(recs), len(runs))
+	}
+	for i, w := range runs {
+		a := recs[i].Activity
+		switch {
+		case a == nil:
+			t.Errorf("%s (fires %v): the audit record has no activity", w.rule, w.fires)
+		case a.Summary() != w.summary:
+			t.Errorf("%s (fires %v): the audit record's summary %q, want %q", w.rule, w.fires, a.Summary(), w.summary)
+		case hasRule(a, w.rule, "record") != w.fires || !reflect.DeepEqual(a.Rules, w.activity.Rules):
+			t.Errorf("%s (fires %v): the audit record's rules %+v, the result's %+v", w.rule, w.fires, a.Rules, w.activity.Rules)
+		case a.Clones != w.activity.Clones || len(a.Processes) != len(w.activity.Processes) || len(a.Network) != len(w.activity.Network):
+			t.Errorf("%s (fires %v): the audit record's activity %+v differs from the result's %+v", w.rule, w.fires, a, w.activity)
+		}
+	}
+
+	tc := monitortest.RuleCases[slices.IndexFunc(monitortest.RuleCases, func(c monitortest.RuleCase) bool { return c.Rule == "shell-from-python" })]
+	r := safeRun(t, "", "run", "--state-dir", state, "--lang", "python", "-c", tc.Fires)
+	if line := "safe-run: activity: " + tc.FiresSummary; r.code != 0 || !strings.Contains(r.stderr, line) {
+		t.Errorf("text output: exit %d, stderr %q; want the line %q", r.code, r.stderr, line)
+	}
+	if entries, _ := os.ReadDir(state); len(entries) != 0 {
+		t.Errorf("left in the state directory: %v", entries)
+	}
+}
+
+// verifiedRunRecords checks the audit log's chain with `audit verify` and
+// returns the log and its run records, in order.
+func verifiedRunRecords(t *testing.T, logPath string) ([]byte, []audit.Record) {
+	t.Helper()
+	if v := safeRun(t, "", "audit", "verify", logPath); v.code != 0 {
+		t.Fatalf("audit verify: exit %d: %s", v.code, v.stderr)
+	}
+	data, err := os.ReadFile(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []audit.Record
+	for _, line := range bytes.Split(bytes.TrimSpace(data), []byte("\n")) {
+		var rec audit.Record
+		if err := json.Unmarshal(line, &rec); err != nil {
+			t.Fatalf("audit line %q: %v", line, err)
+		}
+		if rec.Event == audit.EventRun {
+			recs = append(recs, rec)
+		}
+	}
+	return data, recs
 }
 
 func hasRule(a *sandbox.Activity, rule, action string) bool {

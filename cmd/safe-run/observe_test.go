@@ -17,6 +17,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/safe-run/safe-run/sandbox"
 )
 
 func TestMCPAuditLog(t *testing.T) {
@@ -28,8 +30,17 @@ func TestMCPAuditLog(t *testing.T) {
 	}
 	_, info := ts.tool(t, "create_session", map[string]any{"language": "bash"})
 	id, _ := info["session_id"].(string)
-	ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo hi"})
-	ts.tool(t, "close_session", map[string]any{"session_id": id})
+	_, call := ts.tool(t, "run_code", map[string]any{"language": "bash", "session_id": id, "code": "echo hi; /bin/true"})
+	closed, tree := ts.tool(t, "close_session", map[string]any{"session_id": id})
+	// The call reports its own activity, close_session the session's tree.
+	for what, out := range map[string]map[string]any{"the session's call": call, "close_session": tree} {
+		if a := activityOf(t, out["activity"]); !ranBinary(a, "true") {
+			t.Errorf("%s: activity %+v lacks the true the call started", what, a)
+		}
+	}
+	if !strings.Contains(text(closed), "activity: ") {
+		t.Errorf("close_session's text %q has no activity line", text(closed))
+	}
 
 	r := safeRun(t, "", "audit", "verify", path)
 	if r.code != 0 || !strings.Contains(r.stdout, "ok: 5 records in 1 file(s)") {
@@ -60,6 +71,9 @@ func TestMCPAuditLog(t *testing.T) {
 		}
 		if event == "session_end" && rec["message"] != "closed" {
 			t.Errorf("session_end record: %s; want the reason \"closed\"", lines[i+1])
+		}
+		if (event == "session_end" || event == "run") && !ranBinary(activityOf(t, rec["activity"]), "true") {
+			t.Errorf("%s record: %s; want an activity with the true the call started", event, lines[i+1])
 		}
 	}
 
@@ -166,4 +180,60 @@ func TestMCPMetricsWithoutPool(t *testing.T) {
 	if v := metricValue(t, metrics, `safe_run_pool_sandboxes{language="python"}`); v != -1 {
 		t.Errorf("pool size reported (%v) without a pool", v)
 	}
+}
+
+// The behaviour monitor's counters move with real runs: trace points by
+// kind, and rule hits by rule and action only when a rule fired.
+func TestMCPMonitorMetrics(t *testing.T) {
+	ts := startServer(t, "http", "--pool=")
+	metrics := strings.TrimSuffix(ts.url, "/mcp") + "/metrics"
+	execs, shell := `safe_run_monitor_events_total{kind="sentry_exec"}`, `safe_run_monitor_rules_total{action="record",rule="shell-from-python"}`
+	if res, out := ts.mustCall(t, map[string]any{"language": "python", "code": "print(1)"}); res.IsError {
+		t.Fatalf("run: %v %s", out, text(res))
+	}
+	quiet := metricValue(t, metrics, execs)
+	if quiet != 1 || metricValue(t, metrics, shell) != -1 {
+		t.Errorf("after print(1): %s = %v, want 1 (the interpreter); %s = %v, want absent", execs, quiet, shell, metricValue(t, metrics, shell))
+	}
+	if res, out := ts.mustCall(t, map[string]any{"language": "python", "code": `import subprocess; subprocess.run(["sh", "-c", "true"])`}); res.IsError {
+		t.Fatalf("run: %v %s", out, text(res))
+	}
+	if v := metricValue(t, metrics, execs); v != quiet+2 {
+		t.Errorf("after a run starting a shell: %s = %v, want %v (the interpreter and the shell)", execs, v, quiet+2)
+	}
+	if v := metricValue(t, metrics, shell); v != 1 {
+		t.Errorf("%s = %v, want 1", shell, v)
+	}
+}
+
+// activityOf decodes an activity from a decoded JSON document; nil when
+// absent.
+func activityOf(t *testing.T, v any) *sandbox.Activity {
+	t.Helper()
+	if v == nil {
+		return nil
+	}
+	data, err := json.Marshal(v)
+	var a sandbox.Activity
+	if err == nil {
+		err = json.Unmarshal(data, &a)
+	}
+	if err != nil {
+		t.Errorf("activity %v does not decode: %v", v, err)
+		return nil
+	}
+	return &a
+}
+
+// ranBinary reports whether a holds a process whose binary's name is name.
+func ranBinary(a *sandbox.Activity, name string) bool {
+	if a == nil {
+		return false
+	}
+	for _, p := range a.Processes {
+		if filepath.Base(p.Binary) == name {
+			return true
+		}
+	}
+	return false
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/safe-run/safe-run/monitor"
+	"github.com/safe-run/safe-run/monitor/monitortest"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -38,49 +39,18 @@ func fired(a *sandbox.Activity, rule string) []sandbox.RuleHit {
 	return hits
 }
 
-// ruleCases are, for each default rule, a Python program that makes it
-// fire, with a word its hit's event must name, and one close to it that
-// must not.
-var ruleCases = []struct {
-	rule, fires, names, quiet string
-}{
-	{"shell-from-python",
-		`import subprocess; subprocess.run(["sh", "-c", "true"], check=True)`, "dash",
-		`import subprocess; subprocess.run(["/bin/true"], check=True)`},
-	{"exec-not-in-image",
-		`import shutil, os, subprocess; shutil.copy("/bin/true", "/workspace/t"); os.chmod("/workspace/t", 0o755); subprocess.run(["/workspace/t"], check=True)`, "/workspace/t",
-		`import shutil, subprocess; shutil.copy("/bin/true", "/workspace/t"); subprocess.run(["/bin/true"], check=True)`},
-	{"exec-written-file",
-		`import shutil, os, subprocess; shutil.copy("/bin/true", "/workspace/t"); os.chmod("/workspace/t", 0o755); subprocess.run(["/workspace/t"], check=True)`, "/workspace/t",
-		`import subprocess; subprocess.run(["/bin/true"], check=True)`},
-	{"miner-name",
-		`import subprocess; subprocess.run(["xmrig", "--version"], executable="/bin/true", check=True)`, "execve",
-		`import subprocess; subprocess.run(["truly", "--version"], executable="/bin/true", check=True)`},
-	{"miner-pool-port",
-		"import socket\ns = socket.socket()\ntry: s.connect((\"10.9.9.9\", 3333))\nexcept OSError: pass", "3333",
-		"import socket\ns = socket.socket()\ntry: s.connect((\"10.9.9.9\", 80))\nexcept OSError: pass"},
-	{"connect-storm",
-		"import socket\nfor i in range(25):\n    s = socket.socket()\n    try: s.connect((\"10.9.9.9\", 80))\n    except OSError: pass\n    s.close()", "connect",
-		"import socket\nfor i in range(5):\n    s = socket.socket()\n    try: s.connect((\"10.9.9.9\", 80))\n    except OSError: pass\n    s.close()"},
-	{"fork-storm",
-		"import os\nfor i in range(210):\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)", "",
-		"import os\nfor i in range(20):\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)"},
-	{"sensitive-read",
-		`print(len(open("/proc/self/environ").read()))`, "/proc/self/environ",
-		`print(len(open("/proc/self/status").read()))`},
-}
-
 // TestMonitorRules runs, against the real runsc, for every default rule a
-// program that makes it fire and one that must not, and checks what the
-// result's activity says.
+// program that makes it fire and one close to it that must not
+// (monitortest.RuleCases), and checks the result's activity: its exact
+// summary, and the hit's action and event.
 func TestMonitorRules(t *testing.T) {
 	rt := newMonitoredRuntime(t, monitor.LevelDefault, nil, nil)
-	for _, tc := range ruleCases {
-		t.Run(tc.rule, func(t *testing.T) {
+	for _, tc := range monitortest.RuleCases {
+		t.Run(tc.Rule, func(t *testing.T) {
 			for _, run := range []struct {
-				code string
-				want bool
-			}{{tc.fires, true}, {tc.quiet, false}} {
+				code, summary string
+				want          bool
+			}{{tc.Fires, tc.FiresSummary, true}, {tc.Quiet, tc.QuietSummary, false}} {
 				res, err := rt.Run(context.Background(), sandbox.Job{Language: "python", Code: run.code})
 				if err != nil {
 					t.Fatal(err)
@@ -91,19 +61,19 @@ func TestMonitorRules(t *testing.T) {
 				if res.Activity == nil {
 					t.Fatalf("%q: no activity in the result of a monitored run", run.code)
 				}
-				hits := fired(res.Activity, tc.rule)
+				hits := fired(res.Activity, tc.Rule)
 				switch {
-				case run.want && len(hits) == 0:
-					t.Errorf("%q: rule %s did not fire; activity: %s, rules %+v", run.code, tc.rule, res.Activity.Summary(), res.Activity.Rules)
+				case run.want && len(hits) != 1:
+					t.Errorf("%q: rule %s fired %d times, want once; rules %+v", run.code, tc.Rule, len(hits), res.Activity.Rules)
 				case !run.want && len(hits) > 0:
-					t.Errorf("%q: rule %s fired: %+v", run.code, tc.rule, hits)
-				case run.want && !strings.Contains(hits[0].Event, tc.names):
-					t.Errorf("%q: the hit's event %q does not name %q", run.code, hits[0].Event, tc.names)
+					t.Errorf("%q: rule %s fired: %+v", run.code, tc.Rule, hits)
+				case run.want && !strings.Contains(hits[0].Event, tc.Names):
+					t.Errorf("%q: the hit's event %q does not name %q", run.code, hits[0].Event, tc.Names)
 				case run.want && hits[0].Action != "record":
 					t.Errorf("hit action %q, want record (the default)", hits[0].Action)
 				}
-				if run.want && !strings.Contains(res.Activity.Summary(), "rule "+tc.rule+" (record)") {
-					t.Errorf("summary %q does not name the rule", res.Activity.Summary())
+				if got := res.Activity.Summary(); got != run.summary {
+					t.Errorf("%q: summary %q, want %q", run.code, got, run.summary)
 				}
 			}
 		})
@@ -204,6 +174,52 @@ func TestMonitorKill(t *testing.T) {
 	}
 }
 
+// TestMonitorForkStorm checks the fork-storm rule with a kill action
+// against real fork bombs: the default count (200) is beyond the process
+// limit (128) for a bomb whose processes stay, so the rules file lowers it
+// to 30, as an operator would. A bomb is ended with policy_violation
+// naming the rule at the 30th process, and leaves nothing behind; a
+// program of 29 processes runs to its end with the rule silent.
+func TestMonitorForkStorm(t *testing.T) {
+	rules, err := monitor.ParseRules([]byte(`[{"name": "fork-storm", "event": "clone", "count": 30, "action": "kill"}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rt := newMonitoredRuntime(t, monitor.LevelDefault, rules, nil)
+	for _, bomb := range []struct{ name, code string }{
+		// Every process forks for ever; the process limit makes forks
+		// fail, and the bomb goes on trying.
+		{"bomb", "import os, time\nwhile True:\n    try: os.fork()\n    except OSError: time.sleep(0.01)"},
+		// One process forks children that stay, then carries on.
+		{"spawner", "import os, time\nfor i in range(60):\n    if os.fork() == 0:\n        time.sleep(60)\n        os._exit(0)\ntime.sleep(1)\nprint(\"went on\")"},
+	} {
+		res, err := rt.Run(context.Background(), sandbox.Job{Language: "python", Code: bomb.code})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Status != sandbox.StatusPolicyViolation || !strings.Contains(res.Message, `"fork-storm"`) || strings.Contains(res.Stdout, "went on") {
+			t.Errorf("%s: status %s, message %q, stdout %q; want policy_violation naming fork-storm, the program stopped", bomb.name, res.Status, res.Message, res.Stdout)
+		}
+		hits := fired(res.Activity, "fork-storm")
+		if len(hits) != 1 || hits[0].Action != "kill" || !strings.HasSuffix(hits[0].Event, "(event 30)") {
+			t.Errorf("%s: fork-storm hits %+v, want one kill at the 30th process", bomb.name, hits)
+		}
+		if res.Activity != nil && res.Activity.Clones < 30 {
+			t.Errorf("%s: the activity shows %d processes created, want at least 30", bomb.name, res.Activity.Clones)
+		}
+		assertNothingLeft(t, rt, []string{res.SandboxID})
+	}
+
+	res, err := rt.Run(context.Background(), sandbox.Job{Language: "python",
+		Code: "import os\nfor i in range(28):\n    pid = os.fork()\n    if pid == 0: os._exit(0)\n    os.waitpid(pid, 0)\nprint(\"went on\")"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != sandbox.StatusOK || res.Stdout != "went on\n" || res.Activity == nil || len(res.Activity.Rules) != 0 || res.Activity.Summary() != "29 forks" {
+		t.Errorf("29 processes: status %s, stdout %q, activity %+v; want ok, went on, \"29 forks\" and no rule", res.Status, res.Stdout, res.Activity)
+	}
+}
+
 // TestMonitorPooled checks that a run in a sandbox restored from the warm
 // pool's checkpoint is monitored too (the session is passed again on
 // restore), and that the warm-up is not the run's activity. (Rules on the
@@ -253,6 +269,33 @@ func TestMonitorPooled(t *testing.T) {
 	// in the stream; the rule knows it by the shell's caller's name.
 	if !slices.ContainsFunc(res.Activity.Rules, func(h sandbox.RuleHit) bool { return h.Rule == "shell-from-python" }) {
 		t.Errorf("restored run: shell-from-python did not fire: %+v", res.Activity.Rules)
+	}
+}
+
+// TestMonitorFull checks that runsc accepts the full level's session (a
+// refused one would leave the stream without container/start, and Lost
+// would say so) and that its extra points reach the activity: the signals
+// sent and a listen.
+func TestMonitorFull(t *testing.T) {
+	rt := newMonitoredRuntime(t, monitor.LevelFull, nil, nil)
+	code := "import os, signal, socket\nsignal.signal(signal.SIGUSR1, lambda *a: None)\nos.kill(os.getpid(), signal.SIGUSR1)\n" +
+		"s = socket.socket()\ns.bind((\"127.0.0.1\", 0))\ns.listen()"
+	res, err := rt.Run(context.Background(), sandbox.Job{Language: "python", Code: code})
+	if err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("run: %v %s %s %s", err, res.Status, res.Message, res.Stderr)
+	}
+	a := res.Activity
+	if a == nil || a.Lost != "" {
+		t.Fatalf("activity %+v: want one, not lost", a)
+	}
+	if !slices.ContainsFunc(a.Signals, func(s sandbox.SignalSent) bool { return s.Signal == "SIGUSR1" && s.Target == s.PID }) {
+		t.Errorf("signals %+v, want SIGUSR1 sent by the program to itself", a.Signals)
+	}
+	if !slices.ContainsFunc(a.Network, func(n sandbox.NetworkAttempt) bool { return n.Op == "listen" && n.Result == "ok" }) {
+		t.Errorf("network %+v, want a listen", a.Network)
+	}
+	if got, want := a.Summary(), "3 network attempts, 1 signal sent"; got != want {
+		t.Errorf("summary %q, want %q", got, want)
 	}
 }
 

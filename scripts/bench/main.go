@@ -47,6 +47,11 @@ type options struct {
 	runs, throughputRuns           int
 	burst, cpuRuns                 int
 	quick                          bool
+	// warmRuns and monitorBaseline are -monitor's: calls of each warm
+	// cell (0: runs), and a second safe-run binary whose warm row is
+	// measured in the same turns.
+	warmRuns        int
+	monitorBaseline string
 }
 
 // quickOptions are what -quick sets, unless given: a run of a few minutes
@@ -75,6 +80,8 @@ func main() {
 	warmOnly := flag.Bool("warm", false, "measure only the warm rows (-runs spaced calls per language); with -baseline, also the safe-run binaries in that directory, call by call in turn")
 	baseline := flag.String("baseline", "", "with -warm: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
+	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
+	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent, shim and runsc beside it), e.g. an earlier commit's, whose warm row is measured in the same turns")
 	flag.Parse()
 	if o.quick {
 		set := map[string]bool{}
