@@ -123,10 +123,12 @@ test-kubernetes-cluster:
 
 # Side-by-side latency and throughput of each layer (chroot, runsc, the CLI,
 # MCP with the pool off and on), the warm pool spaced and back to back, CPU
-# and memory per sandbox, issue 17's targets; rewrites the README's
-# benchmark tables. About 14 minutes on 2 busy CPUs.
+# and memory per sandbox, issue 17's targets; then the behaviour monitor's
+# overhead at off, default and full (bench-monitor below). Rewrites the
+# README's benchmark tables. About 22 minutes on 2 busy CPUs.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
+	$(GO) run ./scripts/bench -monitor -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # The same in a few minutes, with fewer runs per row and no network rows;
 # written to scripts/bench/results/quick.{md,json}, the README untouched.
@@ -140,7 +142,7 @@ bench-check: deps build runsc rootfs
 
 # The behaviour monitor's overhead: print(1), import pandas and a file-heavy
 # program, cold, at --monitor off, default and full, interleaved; the README's
-# monitor table. About 8 minutes at the default 30 runs.
+# monitor table. About 8 minutes at the default 30 runs; part of make bench.
 bench-monitor: deps build runsc rootfs
 	$(GO) run ./scripts/bench -monitor -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
