@@ -125,23 +125,23 @@ test-kubernetes-cluster:
 # MCP with the pool off and on), the warm pool spaced and back to back, CPU
 # and memory per sandbox, issue 17's targets; then the behaviour monitor's
 # overhead at off, default and full (bench-monitor below). Rewrites the
-# README's benchmark tables. About 22 minutes on 2 busy CPUs.
+# benchmark tables in docs/benchmarks.md. About 22 minutes on 2 busy CPUs.
 bench: deps build runsc rootfs
 	$(GO) run ./scripts/bench -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 	$(GO) run ./scripts/bench -monitor -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # The same in a few minutes, with fewer runs per row and no network rows;
-# written to scripts/bench/results/quick.{md,json}, the README untouched.
+# written to scripts/bench/results/quick.{md,json}, docs/benchmarks.md untouched.
 bench-quick: deps build runsc rootfs
 	$(GO) run ./scripts/bench -quick -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # 100 print(i) blocks: `safe-run check -j 2` against 100 `safe-run run` calls,
-# in one run; rewrites the README's bench-check table.
+# in one run; rewrites the bench-check table of docs/benchmarks.md.
 bench-check: deps build runsc rootfs
 	$(GO) run ./scripts/bench -check -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)
 
 # The behaviour monitor's overhead: print(1), import pandas and a file-heavy
-# program, cold, at --monitor off, default and full, interleaved; the README's
+# program, cold, at --monitor off, default and full, interleaved; docs/benchmarks.md's
 # monitor table. About 8 minutes at the default 30 runs; part of make bench.
 bench-monitor: deps build runsc rootfs
 	$(GO) run ./scripts/bench -monitor -safe-run bin/safe-run -runsc bin/runsc -agent bin/safe-run-agent $(BENCH_FLAGS)

@@ -138,7 +138,7 @@ func runCheckBench(o options, reps int) (*CheckReport, error) {
 	return rep, nil
 }
 
-// markdown renders the check benchmark for the README and docs/check.md.
+// markdown renders the check benchmark for docs/benchmarks.md and docs/check.md.
 func (rep *CheckReport) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Measured %s on %s, runsc %s; %d `print(i)` blocks, each with its expected output; median of %d repetitions.\n\n",
@@ -154,7 +154,7 @@ func (rep *CheckReport) markdown() string {
 }
 
 // checkMain is `bench -check`: the check benchmark alone, written to
-// check.{md,json} and to the README's bench-check section.
+// check.{md,json} and to docs/benchmarks.md's bench-check section.
 func checkMain(o options, reps int) {
 	rep, err := runCheckBench(o, reps)
 	if err != nil {
@@ -164,14 +164,14 @@ func checkMain(o options, reps int) {
 }
 
 // writeReport prints table and writes it and rep to NAME.{md,json} in the
-// output directory and to the README's MARKER section.
+// output directory and to docs/benchmarks.md's MARKER section.
 func writeReport(o options, name, marker string, rep any, table string) {
 	fmt.Print(table)
 	must(os.MkdirAll(o.out, 0o755))
 	js, _ := json.MarshalIndent(rep, "", "  ")
 	must(os.WriteFile(filepath.Join(o.out, name+".json"), append(js, '\n'), 0o644))
 	must(os.WriteFile(filepath.Join(o.out, name+".md"), []byte(table), 0o644))
-	if o.readme != "" {
-		must(replaceMarked(o.readme, marker, table))
+	if o.doc != "" {
+		must(replaceMarked(o.doc, marker, table))
 	}
 }

@@ -6,11 +6,11 @@
 // spaced out and back to back, throughput, the CPU time of one run and the
 // memory of one warm sandbox by part. It prints markdown tables and a line
 // per target of issue 17 (met or not met), writes them and the raw figures
-// as JSON, and can put the tables into the README.
+// as JSON, and can put the tables into docs/benchmarks.md.
 //
 // Run it as root through `make bench` (full: about 14 minutes on 2 busy
 // CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
-// README untouched), after `make build runsc rootfs`. -cold and -cpu measure
+// docs untouched), after `make build runsc rootfs`. -cold and -cpu measure
 // only the cold CLI against raw runsc (with -compare OLD/safe-run for a
 // before and after in the same turns) or only the CPU rows, in a minute.
 package main
@@ -43,10 +43,10 @@ var programs = []struct{ Name, Code string }{
 }
 
 type options struct {
-	bin, runsc, agent, out, readme string
-	runs, throughputRuns           int
-	burst, cpuRuns                 int
-	quick                          bool
+	bin, runsc, agent, out, doc string
+	runs, throughputRuns        int
+	burst, cpuRuns              int
+	quick                       bool
 	// warmRuns and monitorBaseline are -monitor's: calls of each warm
 	// cell (0: runs), and a second safe-run binary whose warm row is
 	// measured in the same turns.
@@ -56,7 +56,7 @@ type options struct {
 
 // quickOptions are what -quick sets, unless given: a run of a few minutes
 // whose figures are rougher.
-var quickOptions = map[string]string{"runs": "5", "throughput-runs": "8", "burst": "20", "cpu-runs": "3", "readme": ""}
+var quickOptions = map[string]string{"runs": "5", "throughput-runs": "8", "burst": "20", "cpu-runs": "3", "doc": ""}
 
 func main() {
 	var o options
@@ -67,9 +67,9 @@ func main() {
 	flag.IntVar(&o.throughputRuns, "throughput-runs", 24, "runs per throughput measurement")
 	flag.IntVar(&o.burst, "burst", 50, "calls of each back-to-back series")
 	flag.IntVar(&o.cpuRuns, "cpu-runs", 10, "samples of each CPU-per-run row")
-	flag.BoolVar(&o.quick, "quick", false, "a run of a few minutes: -runs 5 -throughput-runs 8 -burst 20 -cpu-runs 3, no network rows, written to quick.{md,json}, README untouched")
+	flag.BoolVar(&o.quick, "quick", false, "a run of a few minutes: -runs 5 -throughput-runs 8 -burst 20 -cpu-runs 3, no network rows, written to quick.{md,json}, docs/benchmarks.md untouched")
 	flag.StringVar(&o.out, "out", "scripts/bench/results", "directory for latest.md and latest.json")
-	flag.StringVar(&o.readme, "readme", "README.md", "README whose benchmark section is replaced (empty: leave it)")
+	flag.StringVar(&o.doc, "doc", "docs/benchmarks.md", "the document whose benchmark tables (between <!-- NAME:begin --> and <!-- NAME:end -->) are replaced (empty: leave it)")
 	check := flag.Bool("check", false, "measure only safe-run check -j 2 on 100 print(i) blocks against 100 safe-run run calls")
 	checkReps := flag.Int("check-reps", 3, "repetitions of each path of -check (the median is reported)")
 	netOnly := flag.Bool("net", false, "measure only the network rows: start with and without a network, request latency, a 64 MiB download")
@@ -325,23 +325,23 @@ func throughput(n, c int, f func() error) (float64, error) {
 	return math.Round(float64(n)/d.Seconds()*10) / 10, nil
 }
 
-// replaceSection puts table between the benchmark markers of the README.
-func replaceSection(readme, table string) error { return replaceMarked(readme, "bench", table) }
+// replaceSection puts table between the benchmark markers of doc.
+func replaceSection(doc, table string) error { return replaceMarked(doc, "bench", table) }
 
-// replaceMarked puts table between the README's <!-- NAME:begin --> and
+// replaceMarked puts table between doc's <!-- NAME:begin --> and
 // <!-- NAME:end --> markers.
-func replaceMarked(readme, name, table string) error {
+func replaceMarked(doc, name, table string) error {
 	begin, end := "<!-- "+name+":begin -->\n", "<!-- "+name+":end -->"
-	data, err := os.ReadFile(readme)
+	data, err := os.ReadFile(doc)
 	if err != nil {
 		return err
 	}
 	s := string(data)
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
-		return fmt.Errorf("%s has no %q … %q section", readme, strings.TrimSpace(begin), end)
+		return fmt.Errorf("%s has no %q … %q section", doc, strings.TrimSpace(begin), end)
 	}
-	return os.WriteFile(readme, []byte(s[:i+len(begin)]+table+s[j:]), 0o644)
+	return os.WriteFile(doc, []byte(s[:i+len(begin)]+table+s[j:]), 0o644)
 }
 
 func machine() string {

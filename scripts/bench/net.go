@@ -176,7 +176,7 @@ func (rep *NetReport) markdown() string {
 }
 
 // netMain measures only the network rows and writes them to net.{md,json}
-// and the README's bench-net section.
+// and docs/benchmarks.md's bench-net section.
 func netMain(o options) {
 	rep, err := runNetBench(o)
 	if err != nil {
