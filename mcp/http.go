@@ -40,6 +40,11 @@ type HTTPConfig struct {
 	// one run_code result and of all results not yet written (see
 	// fitResponse).
 	MaxResponseBytes, MaxInFlightBytes int64
+	// SessionKey, if set, signs the Mcp-Session-Id values (HMAC-SHA256), so
+	// that every server holding the same key accepts every other's: a client
+	// may reach any replica, and a restarted one, as the same client. Set
+	// Config.SharedSessionIDs with it. At least 32 bytes.
+	SessionKey []byte
 	// Metrics, if set, is served at MetricsPath behind the same checks as
 	// the MCP endpoint: a scraper sends the bearer token like any client.
 	Metrics http.Handler
@@ -58,13 +63,14 @@ func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// Stateful: a session the server never issued, or one that ended, is
 	// refused (404), as the protocol asks. Idle sessions expire. The session
 	// is the client's identity (see identity.go), so only the versions that
-	// have one are spoken.
-	ids := &sessionIDs{}
+	// have one are spoken. With a SessionKey, "issued" means by any server
+	// holding the key (see sessionIDs).
+	ids := &sessionIDs{key: cfg.SessionKey}
 	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
 		server.WithSessionIdManager(ids), server.WithSessionIdleTTL(sessionIdleTTL),
 		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...))
 	mux := http.NewServeMux()
-	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(streamable)))
+	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(s, streamable)))
 	if cfg.Metrics != nil {
 		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
 	}
