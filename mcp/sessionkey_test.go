@@ -3,6 +3,7 @@ package mcp
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -175,5 +176,18 @@ func TestEndClientWithSharedIDs(t *testing.T) {
 		if sessions.count() != 0 {
 			t.Errorf("shared %v: %d sessions after the client's DELETE, want 0", shared, sessions.count())
 		}
+	}
+}
+
+// The transport's log never holds a session ID, only its owner label.
+func TestTransportLogHidesSessionIDs(t *testing.T) {
+	var buf strings.Builder
+	log := slog.New(sessionsHidden{slog.NewTextHandler(&buf, nil)})
+	id := (&sessionIDs{}).Generate()
+	log.Info("Sweeping expired session", "session", id)
+	log.With("sessionID", id).Warn("failed to terminate session", "err", "x")
+	out := buf.String()
+	if strings.Contains(out, id) || strings.Count(out, ownerOf(id)) != 2 {
+		t.Errorf("log:\n%s\nwant the owner label %s twice and never the ID", out, ownerOf(id))
 	}
 }

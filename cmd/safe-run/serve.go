@@ -384,6 +384,7 @@ func (s *service) serveHTTP(ctx context.Context) error {
 	handler := mcp.HTTPHandler(s.srv, mcp.HTTPConfig{
 		Token:          f.token,
 		SessionKey:     f.sessionKey,
+		Logger:         s.logger,
 		AllowedOrigins: splitList(f.origins, ","),
 		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
