@@ -112,7 +112,7 @@ test-kubernetes: build
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \
 		$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 30m ./runtime/kubernetes/... ./deploy/kubernetes/
 	SAFE_RUN_KUBERNETES=1 SAFE_RUN_KUBERNETES_BIN=$$(scripts/kubernetes/build-control-plane.sh --print-dir) \
-		$(TEST_ENV) $(GO) test -count=1 -timeout 10m -run '^(TestDoctorKubernetes|TestKubernetesEndToEnd)$$' ./cmd/safe-run/
+		$(TEST_ENV) $(GO) test -count=1 -timeout 10m -run '^(TestDoctorKubernetes|TestKubernetesEndToEnd|TestKubernetesHTTPReplicas)$$' ./cmd/safe-run/
 
 # The manifests' test against a real cluster (real kubelets, the gVisor
 # RuntimeClass, the image pulled): make test-kubernetes-cluster KUBECONFIG=FILE.

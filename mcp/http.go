@@ -1,8 +1,11 @@
 package mcp
 
 import (
+	"cmp"
+	"context"
 	"crypto/subtle"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -40,6 +43,15 @@ type HTTPConfig struct {
 	// one run_code result and of all results not yet written (see
 	// fitResponse).
 	MaxResponseBytes, MaxInFlightBytes int64
+	// SessionKey, if set, signs the Mcp-Session-Id values (HMAC-SHA256), so
+	// that every server holding the same key accepts every other's: a client
+	// may reach any replica, and a restarted one, as the same client. Set
+	// Config.SharedSessionIDs with it. At least 32 bytes.
+	SessionKey []byte
+	// Logger receives the transport's diagnostics, with session IDs
+	// replaced by their owner labels (see sessionsHidden); nil means
+	// slog.Default().
+	Logger *slog.Logger
 	// Metrics, if set, is served at MetricsPath behind the same checks as
 	// the MCP endpoint: a scraper sends the bearer token like any client.
 	Metrics http.Handler
@@ -58,13 +70,15 @@ func HTTPHandler(s *server.MCPServer, cfg HTTPConfig) http.Handler {
 	// Stateful: a session the server never issued, or one that ended, is
 	// refused (404), as the protocol asks. Idle sessions expire. The session
 	// is the client's identity (see identity.go), so only the versions that
-	// have one are spoken.
-	ids := &sessionIDs{}
+	// have one are spoken. With a SessionKey, "issued" means by any server
+	// holding the key (see sessionIDs).
+	ids := &sessionIDs{key: cfg.SessionKey}
 	streamable := server.NewStreamableHTTPServer(s, server.WithEndpointPath(HTTPPath),
 		server.WithSessionIdManager(ids), server.WithSessionIdleTTL(sessionIdleTTL),
-		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...))
+		server.WithStreamableHTTPProtocolVersions(httpProtocolVersions()...),
+		server.WithStreamableHTTPLogger(slog.New(sessionsHidden{cmp.Or(cfg.Logger, slog.Default()).Handler()})))
 	mux := http.NewServeMux()
-	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(streamable)))
+	mux.Handle(HTTPPath, guard(cfg, ids.streamsNeedASession(s, streamable)))
 	if cfg.Metrics != nil {
 		mux.Handle(MetricsPath, guard(cfg, cfg.Metrics))
 	}
@@ -133,4 +147,35 @@ func originAllowed(origin string, allowed []string) bool {
 		return false
 	}
 	return IsLoopbackHost(u.Hostname())
+}
+
+// sessionsHidden is a log handler that writes, in place of a session ID, its
+// owner label (ownerOf): mcp-go logs the IDs it sweeps or refuses under
+// "session" or "sessionID", and an ID is the client's credential (with a
+// session key, one that never expires).
+type sessionsHidden struct{ slog.Handler }
+
+func hideSession(a slog.Attr) slog.Attr {
+	if (a.Key == "session" || a.Key == "sessionID") && a.Value.Kind() == slog.KindString && a.Value.String() != "" {
+		return slog.String(a.Key, ownerOf(a.Value.String()))
+	}
+	return a
+}
+
+func (h sessionsHidden) Handle(ctx context.Context, r slog.Record) error {
+	out := slog.NewRecord(r.Time, r.Level, r.Message, r.PC)
+	r.Attrs(func(a slog.Attr) bool { out.AddAttrs(hideSession(a)); return true })
+	return h.Handler.Handle(ctx, out)
+}
+
+func (h sessionsHidden) WithAttrs(attrs []slog.Attr) slog.Handler {
+	hidden := make([]slog.Attr, len(attrs))
+	for i, a := range attrs {
+		hidden[i] = hideSession(a)
+	}
+	return sessionsHidden{h.Handler.WithAttrs(hidden)}
+}
+
+func (h sessionsHidden) WithGroup(name string) slog.Handler {
+	return sessionsHidden{h.Handler.WithGroup(name)}
 }

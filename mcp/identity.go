@@ -2,6 +2,7 @@ package mcp
 
 import (
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
@@ -10,6 +11,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 
 	mcpgo "github.com/mark3labs/mcp-go/mcp"
@@ -85,8 +87,17 @@ func ownSessions(sessions sandbox.Sessions, owner string) []sandbox.SessionInfo 
 // (an HTTP client's DELETE, its idle expiry, the end of stdio), no one can
 // reach its sandbox sessions any more, so they end too rather than hold
 // their places until they expire.
+//
+// With Config.SharedSessionIDs the protocol session is every replica's: its
+// end here (an idle expiry, a closed notification stream) says nothing of
+// the client, which may be talking to another replica now, so only the
+// client's own DELETE ends its sandbox sessions; the others end by their
+// idle timeout.
 func (h *handler) endClient(ctx context.Context, s server.ClientSession) {
 	if s == nil || s.SessionID() == "" {
+		return
+	}
+	if h.cfg.SharedSessionIDs && !deletedByClient(ctx) {
 		return
 	}
 	owner := ownerOf(s.SessionID())
@@ -135,19 +146,39 @@ func httpProtocolVersions() []string {
 }
 
 // sessionIDs issues and checks the HTTP endpoint's Mcp-Session-Id values:
-// 128 random bits each, for the ID is the client's credential. An ended
-// session's ID is forgotten, so the table holds live sessions only.
+// 128 random bits each, for the ID is the client's credential.
+//
+// Without a key, the table of live IDs is this process's: an ended
+// session's ID is forgotten, so the table holds live sessions only, and
+// another process knows none of them.
+//
+// With a key (HTTPConfig.SessionKey, shared by every replica), an ID is
+// the random bits and an HMAC-SHA256 tag of them under the key, and any
+// process holding the key validates it with no table: a client keeps its
+// identity, and so its sandbox sessions, from replica to replica and
+// across restarts. No process can then know that another has ended an ID,
+// so Terminate forgets nothing: an ended ID stays valid (a client's
+// DELETE ends its sandbox sessions, see endClient, so a re-used ID finds
+// none), and an idle expiry, which only one replica sees, ends nothing.
 type sessionIDs struct {
+	key []byte // nil: the per-process table
+
 	mu   sync.Mutex
 	live map[string]bool
 }
 
 const sessionIDPrefix = "mcp-"
 
+// sessionIDRandom is the number of random bytes in a session ID.
+const sessionIDRandom = 16
+
 // Generate issues a new session ID.
 func (m *sessionIDs) Generate() string {
-	b := make([]byte, 16)
+	b := make([]byte, sessionIDRandom)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
+	if m.key != nil {
+		return sessionIDPrefix + hex.EncodeToString(b) + hex.EncodeToString(m.tag(b))
+	}
 	id := sessionIDPrefix + hex.EncodeToString(b)
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -158,18 +189,50 @@ func (m *sessionIDs) Generate() string {
 	return id
 }
 
-// Validate accepts only IDs issued and not yet ended.
+// tag is the HMAC of a session ID's random part. The label keeps a key
+// that is also used elsewhere from signing anything but session IDs.
+func (m *sessionIDs) tag(random []byte) []byte {
+	mac := hmac.New(sha256.New, m.key)
+	mac.Write([]byte("safe-run mcp session id v1\x00"))
+	mac.Write(random)
+	return mac.Sum(nil)
+}
+
+// errUnknownSessionID refuses an ID that was not issued here, or ended.
+var errUnknownSessionID = errors.New("unknown or ended session ID")
+
+// Validate accepts only IDs issued (with a key: by any holder of the key)
+// and, without a key, not yet ended.
 func (m *sessionIDs) Validate(id string) (isTerminated bool, err error) {
+	if m.key != nil {
+		raw, ok := strings.CutPrefix(id, sessionIDPrefix)
+		if !ok || len(raw) != 2*(sessionIDRandom+sha256.Size) {
+			return false, errUnknownSessionID
+		}
+		b, err := hex.DecodeString(raw)
+		if err != nil || hex.EncodeToString(b) != raw { // one spelling per ID, one owner per ID
+			return false, errUnknownSessionID
+		}
+		// hmac.Equal compares in constant time.
+		if !hmac.Equal(b[sessionIDRandom:], m.tag(b[:sessionIDRandom])) {
+			return false, errUnknownSessionID
+		}
+		return false, nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.live[id] {
-		return false, errors.New("unknown or ended session ID")
+		return false, errUnknownSessionID
 	}
 	return false, nil
 }
 
-// Terminate ends a session ID.
+// Terminate ends a session ID; with a key it forgets nothing (see
+// sessionIDs).
 func (m *sessionIDs) Terminate(id string) (isNotAllowed bool, err error) {
+	if m.key != nil {
+		return false, nil
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	delete(m.live, id)
@@ -180,7 +243,14 @@ func (m *sessionIDs) Terminate(id string) (isNotAllowed bool, err error) {
 // that does not name a live session. mcp-go v1.2.1 checks neither: a GET
 // without an ID mints one, kept live for good, and a GET with any ID
 // registers a protocol session under it.
-func (m *sessionIDs) streamsNeedASession(next http.Handler) http.Handler {
+//
+// With a key, it also makes a client's DELETE end the client's sandbox
+// sessions on whichever replica receives it: mcp-go runs the
+// OnUnregisterSession hooks only for a session this process registered,
+// which it does at initialize, so the DELETE is marked (see
+// deletedByClient) and, for an ID initialized elsewhere, a stand-in session
+// is registered for it to end.
+func (m *sessionIDs) streamsNeedASession(s *server.MCPServer, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		legacy := !mcpgo.IsModernProtocol(r.Header.Get(mcpgo.HeaderProtocolVersion)) // modern ones get 405 from mcp-go
 		if (r.Method == http.MethodGet || r.Method == http.MethodDelete) && legacy {
@@ -193,7 +263,32 @@ func (m *sessionIDs) streamsNeedASession(next http.Handler) http.Handler {
 				http.Error(w, "unknown or ended MCP session: initialize again", http.StatusNotFound)
 				return
 			}
+			if r.Method == http.MethodDelete && m.key != nil {
+				ctx := context.WithValue(r.Context(), clientDeleted{}, true)
+				_ = s.RegisterSession(ctx, standIn(id)) // ErrSessionExists: it was initialized here
+				defer s.UnregisterSession(ctx, id)      // if mcp-go did not (a refused DELETE)
+				r = r.WithContext(ctx)
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
 }
+
+// clientDeleted marks the context of a client's own DELETE of its protocol
+// session.
+type clientDeleted struct{}
+
+// deletedByClient reports whether ctx is that of a client's DELETE.
+func deletedByClient(ctx context.Context) bool {
+	v, _ := ctx.Value(clientDeleted{}).(bool)
+	return v
+}
+
+// standIn is a protocol session registered only to be ended: it never
+// initializes, so mcp-go sends it nothing.
+type standIn string
+
+func (standIn) Initialize()                                           {}
+func (standIn) Initialized() bool                                     { return false }
+func (standIn) NotificationChannel() chan<- mcpgo.JSONRPCNotification { return nil }
+func (s standIn) SessionID() string                                   { return string(s) }

@@ -413,21 +413,7 @@ func TestStreamsNeedASession(t *testing.T) {
 	url := srv.URL + HTTPPath
 	c := httpClient(t, url)
 	live := c.GetTransport().(*transport.StreamableHTTP).GetSessionId()
-	send := func(method, id string) int {
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel() // ends a stream that was opened
-		req, _ := http.NewRequestWithContext(ctx, method, url, nil)
-		req.Header.Set("Accept", "text/event-stream")
-		if id != "" {
-			req.Header.Set("Mcp-Session-Id", id)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", method, err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	send := func(method, id string) int { return streamRequest(t, method, url, id) }
 	made := "mcp-" + strings.Repeat("0", 32)
 	for _, tc := range []struct {
 		method, id string
@@ -447,4 +433,24 @@ func TestStreamsNeedASession(t *testing.T) {
 	if code, body := post(t, url, live, mcpgo.LATEST_LEGACY_PROTOCOL_VERSION, `{"jsonrpc":"2.0","id":9,"method":"ping"}`); code != http.StatusNotFound {
 		t.Errorf("ping in a deleted session: %d %s", code, body)
 	}
+}
+
+// streamRequest sends a GET (opening the notification stream) or DELETE
+// naming session id to url, and returns the status; a stream it opened
+// ends as it returns.
+func streamRequest(t *testing.T, method, url, id string) int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, method, url, nil)
+	req.Header.Set("Accept", "text/event-stream")
+	if id != "" {
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", method, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -37,6 +37,10 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, if set, count runs; serve them with HTTPConfig.Metrics.
 	Metrics *Metrics
+	// SharedSessionIDs says that other servers validate this one's HTTP
+	// session IDs (HTTPConfig.SessionKey): a client's sandbox sessions then
+	// end at its DELETE only, not when its protocol session expires here.
+	SharedSessionIDs bool
 }
 
 // EnvironmentURI is the resource describing the sandbox environment.

@@ -49,31 +49,33 @@ Flags:
 // It is plain data; building the service from it (newService) is where
 // files are opened, sockets bound and sandboxes started.
 type serveConfig struct {
-	host          hostFlags
-	kube          kubeFlags
-	config        string
-	http          string
-	token         string // the token itself, read from tokenFile if one is named
-	tokenFile     string
-	origins       string
-	hosts         string
-	maxBody       int64
-	httpLimits    httpLimits
-	tls           tlsFlags
-	maxConcurrent int
-	maxQueue      int
-	timeout       time.Duration
-	maxTimeout    time.Duration
-	limits        sandbox.Limits
-	sessions      sessionConfig
-	pool          poolFlags
-	cacheTTL      time.Duration
-	cacheSize     int64
-	logLevel      string
-	images        string
-	audit         auditFlags
-	net           netFlags
-	monitor       monitorFlags
+	host           hostFlags
+	kube           kubeFlags
+	config         string
+	http           string
+	token          string // the token itself, read from tokenFile if one is named
+	tokenFile      string
+	sessionKey     []byte // read from sessionKeyFile
+	sessionKeyFile string
+	origins        string
+	hosts          string
+	maxBody        int64
+	httpLimits     httpLimits
+	tls            tlsFlags
+	maxConcurrent  int
+	maxQueue       int
+	timeout        time.Duration
+	maxTimeout     time.Duration
+	limits         sandbox.Limits
+	sessions       sessionConfig
+	pool           poolFlags
+	cacheTTL       time.Duration
+	cacheSize      int64
+	logLevel       string
+	images         string
+	audit          auditFlags
+	net            netFlags
+	monitor        monitorFlags
 
 	// Resolved by gatherServe from the flags above.
 	policy  sandbox.Policy // the limits; the languages and images are the backend's
@@ -86,6 +88,7 @@ func (f *serveConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.http, "http", "", "serve Streamable HTTP on this `address`, e.g. 127.0.0.1:8080 (default: stdio)")
 	fs.StringVar(&f.token, "token", "", "bearer `token` HTTP clients must send (prefer --token-file)")
 	fs.StringVar(&f.tokenFile, "token-file", "", "read the bearer token from this `file`")
+	fs.StringVar(&f.sessionKeyFile, "session-key-file", "", "sign HTTP session IDs with the key in this `file` (at least 32 bytes), shared by every replica, so that any of them serves any client (default: IDs known only to this process)")
 	fs.StringVar(&f.origins, "allowed-origins", "", "comma-separated browser `origins` allowed besides loopback ones")
 	fs.StringVar(&f.hosts, "allowed-hosts", "", "comma-separated Host `names` accepted besides loopback ones (* for any)")
 	f.maxBody = 100 * sandbox.MiB
@@ -191,6 +194,19 @@ func gatherServe(args []string, lookupEnv func(string) (string, bool)) (serveCon
 		return f, err
 	}
 	f.token = token
+	if f.sessionKeyFile != "" {
+		if f.http == "" {
+			return f, usageError("--session-key-file signs HTTP session IDs; it needs --http")
+		}
+		key, err := readSecretFile("session key", f.sessionKeyFile)
+		if err != nil {
+			return f, err
+		}
+		if len(key) < minSessionKey {
+			return f, usageError("session key file %s holds %d bytes; give at least %d, e.g. openssl rand -hex 32 > %s", f.sessionKeyFile, len(key), minSessionKey, f.sessionKeyFile)
+		}
+		f.sessionKey = []byte(key)
+	}
 	if f.http != "" {
 		if err := f.httpLimits.check(); err != nil {
 			return f, err
@@ -317,7 +333,7 @@ func newService(ctx context.Context, f serveConfig) (s *service, err error) {
 		Runner: runner, Sessions: sessions, Environment: env,
 		Gate:       gate,
 		MaxTimeout: f.maxTimeout, Version: version, Logger: logger,
-		Metrics: metrics,
+		Metrics: metrics, SharedSessionIDs: f.sessionKey != nil,
 	}
 	s.srv = mcp.NewServer(mcpCfg)
 	return s, nil
@@ -367,6 +383,8 @@ func (s *service) serveHTTP(ctx context.Context) error {
 	f := s.cfg
 	handler := mcp.HTTPHandler(s.srv, mcp.HTTPConfig{
 		Token:          f.token,
+		SessionKey:     f.sessionKey,
+		Logger:         s.logger,
 		AllowedOrigins: splitList(f.origins, ","),
 		AllowedHosts:   splitList(f.hosts, ","),
 		MaxBodyBytes:   f.maxBody,
@@ -415,34 +433,44 @@ func listen(addr, token string, hosts []string) (net.Listener, error) {
 	return l, nil
 }
 
-// readToken returns the token, from file if one is named. The file must be
-// the owner's alone: a token others can read or replace guards nothing.
+// readToken returns the token, from file if one is named.
 func readToken(token, file string) (string, error) {
 	if file == "" {
 		return token, nil
 	}
+	return readSecretFile("token", file)
+}
+
+// minSessionKey is the shortest session key accepted: HMAC-SHA256's own
+// output size.
+const minSessionKey = 32
+
+// readSecretFile returns the trimmed content of a file holding a secret
+// (what names it). The file must be the owner's alone: a secret others can
+// read or replace guards nothing.
+func readSecretFile(what, file string) (string, error) {
 	fd, err := os.Open(file)
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("read %s file: %w", what, err)
 	}
 	defer fd.Close()
 	info, err := fd.Stat()
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("read %s file: %w", what, err)
 	}
 	if !info.Mode().IsRegular() {
-		return "", usageError("token file %s is not a regular file", file)
+		return "", usageError("%s file %s is not a regular file", what, file)
 	}
 	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return "", usageError("token file %s can be read or changed by other users (mode %04o); chmod 600 %s", file, perm, file)
+		return "", usageError("%s file %s can be read or changed by other users (mode %04o); chmod 600 %s", what, file, perm, file)
 	}
 	data, err := io.ReadAll(io.LimitReader(fd, 64<<10))
 	if err != nil {
-		return "", fmt.Errorf("read token file: %w", err)
+		return "", fmt.Errorf("read %s file: %w", what, err)
 	}
 	t := strings.TrimSpace(string(data))
 	if t == "" {
-		return "", fmt.Errorf("token file %s is empty", file)
+		return "", fmt.Errorf("%s file %s is empty", what, file)
 	}
 	return t, nil
 }

@@ -30,7 +30,7 @@ func TestEnvNames(t *testing.T) {
 		"audit-max-files": "SAFE_RUN_AUDIT_MAX_FILES", "audit-code": "SAFE_RUN_AUDIT_CODE",
 	}
 	serve := map[string]string{
-		"config": "SAFE_RUN_CONFIG", "http": "SAFE_RUN_HTTP", "token": "SAFE_RUN_TOKEN", "token-file": "SAFE_RUN_TOKEN_FILE",
+		"config": "SAFE_RUN_CONFIG", "http": "SAFE_RUN_HTTP", "token": "SAFE_RUN_TOKEN", "token-file": "SAFE_RUN_TOKEN_FILE", "session-key-file": "SAFE_RUN_SESSION_KEY_FILE",
 		"allowed-origins": "SAFE_RUN_ALLOWED_ORIGINS", "allowed-hosts": "SAFE_RUN_ALLOWED_HOSTS", "max-body": "SAFE_RUN_MAX_BODY",
 		"read-timeout": "SAFE_RUN_READ_TIMEOUT", "write-timeout": "SAFE_RUN_WRITE_TIMEOUT", "idle-timeout": "SAFE_RUN_IDLE_TIMEOUT",
 		"max-connections": "SAFE_RUN_MAX_CONNECTIONS", "max-response": "SAFE_RUN_MAX_RESPONSE",
@@ -130,6 +130,9 @@ func TestGatherServe(t *testing.T) {
 	other := write("other.json", `{"max-queue": 4}`, 0o600)
 	tokenFile := write("token", "s3cret\n", 0o600)
 	openToken := write("open-token", "s3cret\n", 0o644)
+	sessionKey := write("session-key", strings.Repeat("ab", 32)+"\n", 0o600)
+	shortKey := write("short-key", strings.Repeat("ab", 15)+"\n", 0o600)
+	openKey := write("open-key", strings.Repeat("ab", 32)+"\n", 0o640)
 	var f serveConfig
 	newServeFlags(&f) // the defaults
 	def := gatheredOf(f)
@@ -190,6 +193,9 @@ func TestGatherServe(t *testing.T) {
 		{name: "token file others can read", args: []string{"--token-file", openToken}, wantErr: "can be read or changed by other users"},
 		{name: "HTTP limits checked with --http", args: []string{"--http", "127.0.0.1:0", "--max-connections", "0"}, wantErr: "--max-connections must be at least 1"},
 		{name: "bad pool", args: []string{"--pool", "python"}, wantErr: `"python" is not LANG=N`},
+		{name: "session key without --http", args: []string{"--session-key-file", sessionKey}, wantErr: "--session-key-file signs HTTP session IDs; it needs --http"},
+		{name: "session key too short", args: []string{"--http", "127.0.0.1:0", "--session-key-file", shortKey}, wantErr: "holds 30 bytes; give at least 32"},
+		{name: "session key others can read", args: []string{"--http", "127.0.0.1:0", "--session-key-file", openKey}, wantErr: "session key file " + openKey + " can be read or changed by other users"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup := func(name string) (string, bool) { v, ok := tc.env[name]; return v, ok }

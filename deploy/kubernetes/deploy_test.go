@@ -95,7 +95,7 @@ func binaryClaimsFromShippedPools(ctx context.Context, t *testing.T, kwok *kubet
 	args := []string{"serve", "--kubeconfig", kubeconfig, "--log-level", "info"}
 	for name, value := range serverFlags(t, objs) {
 		switch name {
-		case "serve", "http", "insecure-http", "token-file", "allowed-hosts":
+		case "serve", "http", "insecure-http", "token-file", "session-key-file", "allowed-hosts":
 		default:
 			args = append(args, "--"+name+"="+value)
 		}
@@ -201,7 +201,7 @@ func TestManifestsApply(t *testing.T) {
 		}
 	}
 	for kind, n := range map[string]int{"Namespace": 1, "RuntimeClass": 1, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1,
-		"Deployment": 1, "Service": 1, "Secret": 1, "NetworkPolicy": 2, "SandboxTemplate": 3, "SandboxWarmPool": 3} {
+		"Deployment": 1, "Service": 1, "Secret": 2, "NetworkPolicy": 2, "SandboxTemplate": 3, "SandboxWarmPool": 3} {
 		if kinds[kind] != n {
 			t.Errorf("kustomize build gave %d %s, want %d", kinds[kind], kind, n)
 		}
