@@ -441,13 +441,36 @@ func readToken(token, file string) (string, error) {
 	return readSecretFile("token", file)
 }
 
+// privateSecret reports whether no one but the file's owner, or root and
+// the groups this process is in, can read or change the file: mode 0600 or
+// stricter, or a root-owned file readable by its group (0440 or 0400 for
+// the group), that group being one of ours. The second form is how
+// Kubernetes mounts a Secret for a non-root container (root:fsGroup, the
+// volume's defaultMode), and how an operator shares a root-owned secret
+// with a service's group; nothing in it lets another user in.
+func privateSecret(info os.FileInfo) bool {
+	perm := info.Mode().Perm()
+	if perm&0o077 == 0 {
+		return true
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok || perm&0o037 != 0 || st.Uid != 0 {
+		return false
+	}
+	if int(st.Gid) == os.Getegid() {
+		return true
+	}
+	groups, err := os.Getgroups()
+	return err == nil && slices.Contains(groups, int(st.Gid))
+}
+
 // minSessionKey is the shortest session key accepted: HMAC-SHA256's own
 // output size.
 const minSessionKey = 32
 
 // readSecretFile returns the trimmed content of a file holding a secret
-// (what names it). The file must be the owner's alone: a secret others can
-// read or replace guards nothing.
+// (what names it). The file must be the owner's alone (see privateSecret):
+// a secret others can read or replace guards nothing.
 func readSecretFile(what, file string) (string, error) {
 	fd, err := os.Open(file)
 	if err != nil {
@@ -461,8 +484,9 @@ func readSecretFile(what, file string) (string, error) {
 	if !info.Mode().IsRegular() {
 		return "", usageError("%s file %s is not a regular file", what, file)
 	}
-	if perm := info.Mode().Perm(); perm&0o077 != 0 {
-		return "", usageError("%s file %s can be read or changed by other users (mode %04o); chmod 600 %s", what, file, perm, file)
+	if perm := info.Mode().Perm(); !privateSecret(info) {
+		return "", usageError("%s file %s can be read or changed by other users (mode %04o); chmod 600 %s, "+
+			"or make it root's, in a group safe-run runs in, mode 0440", what, file, perm, file)
 	}
 	data, err := io.ReadAll(io.LimitReader(fd, 64<<10))
 	if err != nil {

@@ -132,7 +132,7 @@ func TestGatherServe(t *testing.T) {
 	openToken := write("open-token", "s3cret\n", 0o644)
 	sessionKey := write("session-key", strings.Repeat("ab", 32)+"\n", 0o600)
 	shortKey := write("short-key", strings.Repeat("ab", 15)+"\n", 0o600)
-	openKey := write("open-key", strings.Repeat("ab", 32)+"\n", 0o640)
+	openKey := write("open-key", strings.Repeat("ab", 32)+"\n", 0o644)
 	var f serveConfig
 	newServeFlags(&f) // the defaults
 	def := gatheredOf(f)
