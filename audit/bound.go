@@ -186,6 +186,7 @@ func boundedReport(r egress.Report) *egress.Report {
 	for i, c := range r.Connections {
 		c.Kind, c.Decision = Clean(c.Kind, 16), Clean(c.Decision, 16)
 		c.Name, c.Addr, c.Reason = Clean(c.Name, MaxEntryBytes), Clean(c.Addr, MaxEntryBytes), Clean(c.Reason, MaxEntryBytes)
+		c.Dst = Clean(c.Dst, MaxEntryBytes)
 		out.Connections[i] = c
 	}
 	return &out
