@@ -108,6 +108,7 @@ func boundedActivity(a sandbox.Activity) *sandbox.Activity {
 	out.Network = capped(a.Network, &out.NetworkTruncated, MaxActivityEntries, func(n sandbox.NetworkAttempt) sandbox.NetworkAttempt {
 		n.Op, n.Family, n.Type, n.Result = Clean(n.Op, 16), Clean(n.Family, 16), Clean(n.Type, 16), Clean(n.Result, 32)
 		n.Address = Clean(n.Address, MaxEntryBytes)
+		n.Egress, n.EgressHost, n.EgressReason = Clean(n.Egress, 16), Clean(n.EgressHost, MaxEntryBytes), Clean(n.EgressReason, MaxEntryBytes)
 		return n
 	})
 	out.FilesWritten = capped(a.FilesWritten, &out.FilesWrittenTruncated, MaxActivityEntries, cleanEntry)
