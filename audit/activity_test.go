@@ -20,6 +20,8 @@ func TestBoundedActivity(t *testing.T) {
 		a.FilesWritten = append(a.FilesWritten, long)
 		a.Rules = append(a.Rules, sandbox.RuleHit{Rule: "r", Action: "record", Event: "\x1b[2J"})
 	}
+	a.Network = append(a.Network, sandbox.NetworkAttempt{Op: "connect", Family: "inet", Address: "198.19.0.1:80", Result: "ok",
+		Egress: "allowed", EgressHost: long, EgressReason: "dial\n{\"forged\":1}"})
 	for i := range MaxActivityEntries * 2 {
 		a.Events[strings.Repeat("k", i+1)] = 1
 	}
@@ -37,6 +39,8 @@ func TestBoundedActivity(t *testing.T) {
 		t.Errorf("rules %d, first event %q", len(b.Rules), b.Rules[0].Event)
 	case len(b.Events) != MaxActivityEntries:
 		t.Errorf("%d event kinds, want %d", len(b.Events), MaxActivityEntries)
+	case len(b.Network[0].EgressHost) > MaxEntryBytes || strings.Contains(b.Network[0].EgressReason, "\n") || b.Network[0].Egress != "allowed":
+		t.Errorf("network attempt not cleaned: %+v", b.Network[0])
 	case b.Clones != 3 || len(a.Processes) != MaxActivityProcesses+5:
 		t.Errorf("counts changed (%d clones), or the caller's activity was cut (%d)", b.Clones, len(a.Processes))
 	}

@@ -108,6 +108,7 @@ func boundedActivity(a sandbox.Activity) *sandbox.Activity {
 	out.Network = capped(a.Network, &out.NetworkTruncated, MaxActivityEntries, func(n sandbox.NetworkAttempt) sandbox.NetworkAttempt {
 		n.Op, n.Family, n.Type, n.Result = Clean(n.Op, 16), Clean(n.Family, 16), Clean(n.Type, 16), Clean(n.Result, 32)
 		n.Address = Clean(n.Address, MaxEntryBytes)
+		n.Egress, n.EgressHost, n.EgressReason = Clean(n.Egress, 16), Clean(n.EgressHost, MaxEntryBytes), Clean(n.EgressReason, MaxEntryBytes)
 		return n
 	})
 	out.FilesWritten = capped(a.FilesWritten, &out.FilesWrittenTruncated, MaxActivityEntries, cleanEntry)
@@ -186,6 +187,7 @@ func boundedReport(r egress.Report) *egress.Report {
 	for i, c := range r.Connections {
 		c.Kind, c.Decision = Clean(c.Kind, 16), Clean(c.Decision, 16)
 		c.Name, c.Addr, c.Reason = Clean(c.Name, MaxEntryBytes), Clean(c.Addr, MaxEntryBytes), Clean(c.Reason, MaxEntryBytes)
+		c.Dst = Clean(c.Dst, MaxEntryBytes)
 		out.Connections[i] = c
 	}
 	return &out

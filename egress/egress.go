@@ -90,6 +90,11 @@ type Connection struct {
 	Port uint16 `json:"port,omitempty"`
 	// Addr is the address dialled from the host, "ip:port", when one was.
 	Addr string `json:"addr,omitempty"`
+	// Dst is the address the sandbox connected to, "ip:port", as the host
+	// saw it on the sandbox's link (for a name, the address its DNS answer
+	// handed out); set on TCP records. The monitor's connect attempts are
+	// matched to the host's decisions by it.
+	Dst string `json:"dst,omitempty"`
 	// Decision is Allowed or Denied.
 	Decision string `json:"decision"`
 	// Reason says why, e.g. "not in the allowlist", "SNI names another

@@ -29,7 +29,10 @@ const ActivitySchema = `{"type": "object", "description": "what the run did insi
           "items": {"type": "object",
             "properties": {
               "op": {"type": "string"}, "pid": {"type": "integer"}, "family": {"type": "string"},
-              "type": {"type": "string"}, "address": {"type": "string"}, "result": {"type": "string"}},
+              "type": {"type": "string"}, "address": {"type": "string"}, "result": {"type": "string"},
+              "egress": {"type": "string", "enum": ["allowed", "denied"], "description": "the host's decision on an IP connect of a run with a network; absent without a network or a record of the host's"},
+              "egress_host": {"type": "string", "description": "the host name the allowlist matched (or the denied name)"},
+              "egress_reason": {"type": "string", "description": "why the host denied it"}},
             "required": ["op", "result"]}},
         "network_truncated": {"type": "boolean"},
         "files_written": {"type": "array", "items": {"type": "string"}, "description": "paths opened for writing outside /workspace and /tmp"},

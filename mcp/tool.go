@@ -106,6 +106,7 @@ const outputSchema = `{
               "id": {"type": "integer", "description": "a connection's open and close records share it"},
               "kind": {"type": "string", "enum": ["tcp", "dns", "udp"]},
               "name": {"type": "string"}, "port": {"type": "integer"}, "addr": {"type": "string", "description": "the address dialled from the host"},
+              "dst": {"type": "string", "description": "the address the sandbox connected to (tcp)"},
               "decision": {"type": "string", "enum": ["allowed", "denied"]}, "reason": {"type": "string"},
               "bytes_out": {"type": "integer"}, "bytes_in": {"type": "integer"},
               "open": {"type": "boolean", "description": "still open when the record was taken"}},

@@ -348,7 +348,7 @@ func deny(format string, args ...any) error { return &denial{fmt.Sprintf(format,
 func (st *Stack) forward(r *tcp.ForwarderRequest) {
 	id := r.ID()
 	dst, port := addrOf(id.LocalAddress), id.LocalPort
-	rec := egress.Connection{Kind: egress.KindTCP, Port: port}
+	rec := egress.Connection{Kind: egress.KindTCP, Port: port, Dst: netip.AddrPortFrom(dst, port).String()}
 	refuse := func(err error) {
 		r.Complete(true)
 		if st.denyRate.Allow() {

@@ -5,6 +5,8 @@ import (
 	"path"
 	"slices"
 	"strings"
+
+	"github.com/safe-run/safe-run/egress"
 )
 
 // Activity is what a run did inside the sandbox, as gVisor's trace points
@@ -86,6 +88,19 @@ type NetworkAttempt struct {
 	Address string `json:"address,omitempty"`
 	// Result is "ok" or the errno name, e.g. "ENETUNREACH".
 	Result string `json:"result"`
+	// Egress is the host's decision on an IP connect of a run with a
+	// network: "allowed" or "denied", from the host's record of a TCP
+	// connection to the same address and port (see runtime/engine). It is
+	// empty for the other calls, in a run without a network (which has no
+	// route out: such a connect fails in the sandbox, Result says how), and
+	// for a connect the host has no record of (a UDP socket's connect, a
+	// connect that never left the sandbox, a record beyond the report's cap).
+	Egress string `json:"egress,omitempty"`
+	// EgressHost is the host name the allowlist matched (or, denied, the
+	// name asked for), when the host's record has one.
+	EgressHost string `json:"egress_host,omitempty"`
+	// EgressReason is the host's reason for a denial.
+	EgressReason string `json:"egress_reason,omitempty"`
 }
 
 // SignalSent is one signal a process sent.
@@ -148,7 +163,11 @@ func (a *Activity) Summary() string {
 		parts = append(parts, fmt.Sprintf("%d forks", a.Clones))
 	}
 	if n := a.notableNetwork(); n > 0 || a.NetworkTruncated {
-		parts = append(parts, count(n, a.NetworkTruncated, "network attempt", "network attempts"))
+		s := count(n, a.NetworkTruncated, "network attempt", "network attempts")
+		if allowed, decided := a.egressCounts(); decided > 0 {
+			s += fmt.Sprintf(" (%d allowed)", allowed)
+		}
+		parts = append(parts, s)
 	}
 	if n := len(a.FilesWritten); n > 0 {
 		parts = append(parts, count(n, a.FilesWrittenTruncated, "file written", "files written")+" outside /workspace and /tmp")
@@ -192,6 +211,19 @@ func (a *Activity) notableNetwork() int {
 		n++
 	}
 	return n
+}
+
+// egressCounts counts the attempts the host allowed, and those it decided.
+func (a *Activity) egressCounts() (allowed, decided int) {
+	for _, na := range a.Network {
+		if na.Egress != "" {
+			decided++
+		}
+		if na.Egress == egress.Allowed {
+			allowed++
+		}
+	}
+	return allowed, decided
 }
 
 // count is "1 thing", "3 things" or "64+ things" when the list was capped.

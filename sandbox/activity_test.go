@@ -37,6 +37,14 @@ func TestActivitySummary(t *testing.T) {
 			{Op: "socket", Family: "unix", Type: "stream", Result: "ok"}, {Op: "connect", Family: "unix", Address: "/var/run/docker.sock", Result: "ENOENT"},
 		}}, true, "1 network attempt"},
 		{"one fork more", &Activity{Processes: []Process{interp}, Clones: 2}, true, "2 forks"},
+		{"a run with a network: how many the host allowed", &Activity{Network: []NetworkAttempt{
+			{Op: "socket", Family: "inet", Type: "stream", Result: "ok"},
+			{Op: "connect", Family: "inet", Address: "198.19.0.1:80", Result: "ok", Egress: "allowed", EgressHost: "allowed.test"},
+			{Op: "connect", Family: "inet", Address: "203.0.113.9:80", Result: "ECONNREFUSED", Egress: "denied"},
+		}}, true, "3 network attempts (1 allowed)"},
+		{"none allowed", &Activity{Network: []NetworkAttempt{
+			{Op: "connect", Family: "inet", Address: "203.0.113.9:80", Result: "ECONNREFUSED", Egress: "denied"},
+		}}, true, "1 network attempt (0 allowed)"},
 	}
 	for _, c := range cases {
 		if got := c.a.Notable(); got != c.notable {

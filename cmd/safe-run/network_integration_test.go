@@ -35,6 +35,21 @@ func allowedRecords(rep *egress.Report, name string) (n int, bytesIn int64) {
 	return n, bytesIn
 }
 
+// allowedAttempts counts the connect attempts of a structured output's
+// activity that the host allowed to netAllowed.
+func allowedAttempts(activity any) int {
+	a, _ := activity.(map[string]any)
+	attempts, _ := a["network"].([]any)
+	n := 0
+	for _, v := range attempts {
+		na, _ := v.(map[string]any)
+		if na["op"] == "connect" && na["egress"] == egress.Allowed && na["egress_host"] == netAllowed {
+			n++
+		}
+	}
+	return n
+}
+
 func structuredReport(t *testing.T, out map[string]any) *egress.Report {
 	t.Helper()
 	return (&threatRun{via: "mcp", mcpOut: out}).report(t)
@@ -71,6 +86,55 @@ func TestNetworkIntegration(t *testing.T) {
 			t.Errorf("the message does not name the denial: %q", res.Message)
 		}
 	})
+	t.Run("activity marks the host's decisions", func(t *testing.T) {
+		code := fmt.Sprintf(`import socket, urllib.request
+print(urllib.request.urlopen("http://%s:%d/activity", timeout=10).read().decode())
+for host, port in (("%s", 1), ("203.0.113.9", 80)):
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+        print("connected", host, port)
+    except OSError as e:
+        print("refused", host, port, e)
+`, netAllowed, s.httpPort, netAllowed)
+		r := safeRun(t, "", append(append([]string{"run", "--json", "--state-dir", filepath.Join(dir, "cli")}, args...), "--net", allowed, "--lang", "python", "-c", code)...)
+		var res sandbox.Result
+		if err := json.Unmarshal([]byte(r.stdout), &res); err != nil {
+			t.Fatalf("run --json: %v\n%s\n%s", err, r.stdout, r.stderr)
+		}
+		if !strings.Contains(res.Stdout, netBody) || strings.Contains(res.Stdout, "connected") {
+			t.Errorf("stdout %q, want the server's answer and two refusals; stderr %q", res.Stdout, res.Stderr)
+		}
+		if res.Activity == nil {
+			t.Fatalf("the result has no activity: %s", r.stdout)
+		}
+		got := map[string]sandbox.NetworkAttempt{}
+		for _, na := range res.Activity.Network {
+			if na.Op != "connect" || na.Family != "inet" {
+				continue
+			}
+			_, port, _ := strings.Cut(na.Address, ":")
+			if port == "53" { // the resolver's UDP socket: the host's DNS records have no address
+				continue
+			}
+			if _, dup := got[port]; dup || na.Egress == "" {
+				t.Errorf("connect %+v: a second one to the port, or not marked", na)
+			}
+			got[port] = na
+		}
+		for _, want := range []sandbox.NetworkAttempt{
+			{Address: fmt.Sprint(s.httpPort), Egress: egress.Allowed, EgressHost: netAllowed},
+			{Address: "1", Egress: egress.Denied, EgressHost: netAllowed, EgressReason: "not in the allowlist"},
+			{Address: "80", Egress: egress.Denied, EgressReason: "IP address not in the allowlist"},
+		} {
+			na, ok := got[want.Address]
+			if !ok || na.Egress != want.Egress || na.EgressHost != want.EgressHost || na.EgressReason != want.EgressReason {
+				t.Errorf("connect to port %s: %+v, want egress %q host %q reason %q", want.Address, na, want.Egress, want.EgressHost, want.EgressReason)
+			}
+		}
+		if sum := res.Activity.Summary(); !strings.Contains(sum, "(1 allowed)") {
+			t.Errorf("the activity's line %q does not say one attempt was allowed", sum)
+		}
+	})
 	t.Run("run text", func(t *testing.T) {
 		r := safeRun(t, "", append(append([]string{"run", "--state-dir", filepath.Join(dir, "cli")}, args...), "--net", allowed, "--lang", "bash", "-c", denied)...)
 		if !strings.Contains(r.stdout+r.stderr, "network: denied "+netDenied) {
@@ -99,6 +163,9 @@ func TestNetworkIntegration(t *testing.T) {
 		if n, _ := allowedRecords(structuredReport(t, out), netAllowed); n != 1 {
 			t.Errorf("structured output's network: %d allowed connections, want 1: %v", n, out["network"])
 		}
+		if n := allowedAttempts(out["activity"]); n != 1 {
+			t.Errorf("structured output's activity: %d connect attempts marked allowed, want 1: %v", n, out["activity"])
+		}
 		if txt := text(res); !strings.Contains(txt, netDenied) || !strings.Contains(txt, "network") {
 			t.Errorf("the text content does not show the network line and the denial:\n%s", txt)
 		}
@@ -123,6 +190,10 @@ func TestNetworkIntegration(t *testing.T) {
 			// Each call reports its own connections, not the session's so far.
 			if n, _ := allowedRecords(structuredReport(t, out), netAllowed); n != 1 {
 				t.Errorf("call %d: %d allowed connections in its report, want 1: %v", call, n, out["network"])
+			}
+			// And the call's activity marks its connect with the host's decision.
+			if n := allowedAttempts(out["activity"]); n != 1 {
+				t.Errorf("call %d: %d connect attempts marked allowed in the activity, want 1: %v", call, n, out["activity"])
 			}
 		}
 	})

@@ -50,7 +50,7 @@ func withActivity(res sandbox.Result, a *sandbox.Activity) sandbox.Result {
 	if a == nil {
 		return res
 	}
-	res.Activity = a
+	res.Activity = markEgress(a, res.Network)
 	if hit := ruleHit(a, actionKill); hit != nil {
 		res.Status = sandbox.StatusPolicyViolation
 		res.ExitCode = -1

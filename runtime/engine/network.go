@@ -3,6 +3,8 @@ package engine
 import (
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -42,6 +44,7 @@ func addNetwork(res sandbox.Result, rep *egress.Report) sandbox.Result {
 		return res
 	}
 	res.Network = rep
+	res.Activity = markEgress(res.Activity, rep)
 	if line := networkLine(*rep); line != "" {
 		if res.Message != "" {
 			res.Message += "\n"
@@ -97,4 +100,80 @@ func networkLine(rep egress.Report) string {
 		return ""
 	}
 	return "network: " + strings.Join(parts, "; ")
+}
+
+// markEgress returns a with each IP connect attempt marked with the host's
+// decision on it, from rep's TCP records (nil rep: a has no network, and
+// stays as it is). The sandbox saw the address it connected to, the host
+// recorded the same one as Dst, so they are matched by address and port,
+// IPv4-mapped IPv6 forms read as the IPv4 address. Each record (one per ID)
+// marks one attempt at most, so no more attempts to an address are marked
+// allowed than the host allowed connections there, whatever the sandbox
+// reports; of several records for one address, an attempt takes first one
+// whose decision agrees with its result (ok or EINPROGRESS: allowed), so
+// that a denial the host did not record cannot shift an allowed record to
+// the wrong attempt. Attempts without a record stay unmarked.
+func markEgress(a *sandbox.Activity, rep *egress.Report) *sandbox.Activity {
+	if a == nil || rep == nil || len(a.Network) == 0 {
+		return a
+	}
+	byDst := map[netip.AddrPort][]*egress.Connection{}
+	seen := map[uint64]bool{}
+	for i := range rep.Connections {
+		c := &rep.Connections[i]
+		if c.Kind != egress.KindTCP || seen[c.ID] {
+			continue
+		}
+		dst, ok := parseDst(c.Dst)
+		if !ok {
+			continue
+		}
+		seen[c.ID] = true
+		byDst[dst] = append(byDst[dst], c)
+	}
+	out := *a
+	out.Network = slices.Clone(a.Network)
+	for i := range out.Network {
+		na := &out.Network[i]
+		if na.Op != "connect" || (na.Family != "inet" && na.Family != "inet6") {
+			continue
+		}
+		dst, ok := parseDst(na.Address)
+		if !ok {
+			continue
+		}
+		recs := byDst[dst]
+		if len(recs) == 0 {
+			continue
+		}
+		want := egress.Denied
+		if na.Result == "ok" || na.Result == "EINPROGRESS" {
+			want = egress.Allowed
+		}
+		j := slices.IndexFunc(recs, func(c *egress.Connection) bool { return c.Decision == want })
+		if j < 0 {
+			j = 0
+		}
+		c := recs[j]
+		byDst[dst] = slices.Delete(recs, j, j+1)
+		na.Egress, na.EgressHost = egress.Denied, c.Name
+		if c.Decision == egress.Allowed {
+			na.Egress = egress.Allowed
+		} else {
+			na.EgressReason = c.Reason
+		}
+	}
+	return &out
+}
+
+// parseDst reads "ip:port" or "[ip6]:port" as one form: an IPv4-mapped
+// IPv6 address is its IPv4 address (a dual-stack socket's connect to
+// [::ffff:a.b.c.d] leaves the sandbox as IPv4). A zone stays, so a zoned
+// address never matches the host's unzoned records.
+func parseDst(s string) (netip.AddrPort, bool) {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || ap.Port() == 0 {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
 }
