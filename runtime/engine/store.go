@@ -99,8 +99,15 @@ func (e *Engine) attach(ctx context.Context, store SessionStore, id string) (*se
 	if rec.Owner != owner {
 		return nil, noSession(id)
 	}
-	lang, ok := e.cfg.Policy.Language(rec.Language)
-	if !ok || lang.Interpreter == "" {
+	// The record was written by the server that created the session, under
+	// its policy: this server serves it only within its own.
+	_, lang, err := e.cfg.Policy.Check(sandbox.Job{Language: rec.Language, Code: "session", Limits: rec.Limits,
+		Network: rec.Network, Packages: rec.Packages})
+	if err != nil {
+		return nil, sandbox.WithClass(fmt.Errorf("session %q was made under another policy than this server's (%v): "+
+			"give every server the same settings", id, err), sandbox.ErrUnavailable)
+	}
+	if lang.Interpreter == "" {
 		return nil, sandbox.WithClass(fmt.Errorf("session %q is a %q session, which this server's policy does not serve", id, rec.Language), sandbox.ErrUnavailable)
 	}
 	s := &session{id: id, owner: rec.Owner, lang: lang, limits: rec.Limits, network: rec.Network, created: rec.Created, gone: make(chan struct{})}

@@ -224,6 +224,39 @@ func TestStoredSessionAcrossEngines(t *testing.T) {
 	}
 }
 
+// TestStoredSessionOtherPolicy: a server attaches to a stored session only
+// within its own policy; one whose limits are tighter than those the
+// session was made with refuses it, starts nothing, and the session stays
+// for the server that made it.
+func TestStoredSessionOtherPolicy(t *testing.T) {
+	store := newFakeStore(interpreter)
+	a := storeEngines(t, store, 1, engine.Config{})[0]
+	b, err := engine.New(engine.Config{Backend: store, Logger: discard, Policy: sandbox.Policy{Max: sandbox.Limits{Timeout: 5 * time.Second}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close) // before storeEngines' checks, which run after it
+	ctx := sandbox.WithOwner(context.Background(), "client")
+	info, err := a.CreateSession(ctx, sandbox.SessionSpec{Owner: "client", Language: "python", Limits: sandbox.Limits{Timeout: time.Minute}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := len(store.sandboxes())
+	_, err = b.RunInSession(ctx, info.ID, sandbox.Job{Code: "n+=1"})
+	if !errors.Is(err, sandbox.ErrUnavailable) || !strings.Contains(err.Error(), "another policy") {
+		t.Errorf("B, whose timeout is at most 5s, on a session of 1m: %v; want ErrUnavailable naming the policy", err)
+	}
+	if n := len(store.sandboxes()); n != started {
+		t.Errorf("B's refusal started %d sandboxes", n-started)
+	}
+	if res := cell(t, a, ctx, info.ID, "n+=1"); res.Stdout != "1" || res.StateLost {
+		t.Errorf("A after B's refusal: %+v; want A's session as it was", res)
+	}
+	if err := a.CloseSession(ctx, info.ID); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestStoredSessionOutlivesItsEngine: closing an engine lets go of its
 // stored sessions; another engine serves them, and one that never held a
 // session closes it by its record.
