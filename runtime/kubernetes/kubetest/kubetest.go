@@ -45,6 +45,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -334,7 +335,12 @@ func start(bin, logDir string) (c *Cluster, err error) {
 		c.procs = append(c.procs, p)
 	}
 	if err := c.waitNodeReady(ctx); err != nil {
-		return c, err
+		if !c.restartCrashedKwok(bin, logDir, kwokArgs) {
+			return c, err
+		}
+		if err := c.waitNodeReady(ctx); err != nil {
+			return c, fmt.Errorf("%w (kwok was started a second time after it exited at start)", err)
+		}
 	}
 	if err := c.waitHTTP(ctx, "agent-sandbox-controller", fmt.Sprintf("http://127.0.0.1:%d/readyz", probe)); err != nil {
 		return c, err
@@ -477,6 +483,30 @@ func (c *Cluster) waitHTTP(ctx context.Context, name, url string) error {
 		return fmt.Errorf("wait for %s to be ready (%s): %w", name, url, err)
 	}
 	return nil
+}
+
+// restartCrashedKwok starts kwok again if it has exited, and reports
+// whether it did. kwok v0.8.0 can crash as it starts: its node
+// controller's goroutines build CEL environments that write one map
+// unguarded ("fatal error: concurrent map writes" in easycel's registry;
+// once in about fifteen starts here). A crash before the node is Ready
+// gets one more start; its log stays in kwok.log, above the new one's.
+func (c *Cluster) restartCrashedKwok(bin, logDir string, args []string) bool {
+	i := slices.IndexFunc(c.procs, func(p *process) bool { return p.name == "kwok" })
+	if i < 0 {
+		return false
+	}
+	select {
+	case <-c.procs[i].done:
+	default:
+		return false // it runs: the node is not Ready for another reason
+	}
+	p, err := c.run(bin, logDir, "kwok", args...)
+	if err != nil {
+		return false
+	}
+	c.procs[i] = p
+	return true
 }
 
 // exited reports a component that ended while the cluster should be running.
