@@ -373,6 +373,14 @@ func (b *box) detach() error {
 	return b.destroyErr
 }
 
+// end destroys the box's sandbox, or with detach lets go of it (detach).
+func (b *box) end(detach bool) error {
+	if detach {
+		return b.detach()
+	}
+	return b.destroy()
+}
+
 // holder is the name of the box's connection to a stored session's
 // sandbox, or "" for any other sandbox.
 func (b *box) holder() string {

@@ -492,11 +492,7 @@ func (e *Engine) evalCell(ctx context.Context, s *session, job sandbox.Job) (san
 // The caller owns the session.
 func (s *session) drop(p *box, detach bool) {
 	s.keepActivity(p)
-	clean := p.destroy
-	if detach {
-		clean = p.detach
-	}
-	if err := clean(); err != nil {
+	if err := p.end(detach); err != nil {
 		p.log.Error("clean up session sandbox", "session", s.id, "detach", detach, "err", err)
 	}
 	s.stMu.Lock()
@@ -685,14 +681,9 @@ func (e *Engine) endSession(s *session, p *box) {
 	s.stMu.Lock()
 	detach := s.detach
 	s.stMu.Unlock()
-	switch {
-	case p != nil && detach:
-		if err := p.detach(); err != nil {
-			e.log.Error("let go of session sandbox", "session", s.id, "err", err)
-		}
-	case p != nil:
-		if err := p.destroy(); err != nil {
-			e.log.Error("clean up session sandbox", "session", s.id, "err", err)
+	if p != nil {
+		if err := p.end(detach); err != nil {
+			e.log.Error("clean up session sandbox", "session", s.id, "detach", detach, "err", err)
 		}
 	}
 	if store := e.store(); store != nil && !detach && s.why != "" {
@@ -733,7 +724,7 @@ func (e *Engine) CloseSessions() {
 		close(t.stop)
 		t.janitor.Do(func() { close(t.stopped) }) // it never started
 	})
-	_, detach := e.cfg.Backend.(SessionStore)
+	detach := e.store() != nil
 	for _, s := range all {
 		if detach {
 			// Stored sessions outlive this server: another, or this one
