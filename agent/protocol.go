@@ -40,8 +40,10 @@ const (
 	// OpWarm starts the persistent interpreter of kind Interpreter ahead of
 	// its run, with the modules of Preload imported; the next OpRun hands
 	// its Argv and its code file to that interpreter instead of starting a
-	// new process. Sent again, it primes the interpreter (see
-	// WarmInterpreters for what each kind does).
+	// new process. For Bash, Argv is the run's command, started ahead of
+	// its script; a run of another command or Env starts cold. Sent again,
+	// it primes the interpreter (see WarmInterpreters for what each kind
+	// does).
 	OpWarm = "warm"
 )
 

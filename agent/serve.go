@@ -160,12 +160,15 @@ func (s *server) run(req *Request) *Exit {
 	// A warm driver writes the code file itself, as the program's user,
 	// and makes the output directory: no file operation of the agent's
 	// (each on a thread of its own, see asUser) on the way to the run.
+	if s.warmed != nil && !s.warmed.serves(req) {
+		s.discardWarm()
+	}
 	files, code := req.Files, (*File)(nil)
-	if s.warmed != nil {
+	if s.warmed != nil && !s.warmed.shell {
 		files, code = driverFile(req)
 	}
 	outDir := ""
-	if req.Collect != nil && s.warmed == nil {
+	if req.Collect != nil && (s.warmed == nil || s.warmed.shell) {
 		// The output directory exists from the start, so that programs can
 		// write to it without creating it.
 		outDir = req.Collect.Dir

@@ -4,12 +4,15 @@ package agent
 
 import (
 	"bytes"
+	"crypto/rand"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,12 +26,14 @@ var (
 	warmPythonDriver string
 	//go:embed drivers/warm.js
 	warmNodeDriver string
+	//go:embed drivers/warm.sh
+	warmBashHook string
 )
 
 // WarmInterpreters are the interpreter kinds that OpWarm prepares before
 // their code is known: Python and Node are started, with their preloads, and
-// run the code in that process; Bash is only started once and left to exit
-// (see warmUpBash), and its program starts with the run. Other languages
+// run the code in that process; Bash starts the run's own command, which
+// waits in its start-up file for the script (see warmBash). Other languages
 // are pooled too, with nothing warmed.
 var WarmInterpreters = []string{"python", "node", "bash"}
 
@@ -52,6 +57,12 @@ func warmArgv(kind string) ([]string, error) {
 // are imported, "primed", and "fail MESSAGE" if it cannot start the run;
 // it closes both before the program runs, which then has only its stdio.
 type warmProgram struct {
+	// shell says it is the run's own Bash, waiting in its start-up file
+	// (warmBash): it serves only a run of argv with env, and the agent
+	// writes the script itself.
+	shell     bool
+	argv, env []string
+
 	pid     int
 	done    <-chan unix.WaitStatus
 	cmd     int      // fd 3 of the driver: its commands (blocking)
@@ -80,7 +91,10 @@ func (s *server) warm(req *Request) *Exit {
 		return s.prime(req.Timeout)
 	}
 	if req.Interpreter == "bash" {
-		return s.warmUpBash(req)
+		if len(req.Argv) == 0 || !hookable(req.Env) {
+			return s.warmUpBash(req)
+		}
+		return s.warmBash(req)
 	}
 	argv, err := warmArgv(req.Interpreter)
 	if err != nil {
@@ -176,6 +190,70 @@ func (s *server) startWarm(argv, env []string) (*warmProgram, error) {
 	}
 	closeFDs(childFDs...)
 	return w, nil
+}
+
+// warmBash starts the run's own command (req.Argv, `bash main.sh`) with
+// drivers/warm.sh as its BASH_ENV: the shell starts, sources the hook, and
+// waits in it until the agent has written the script; then the hook
+// leaves no trace and the shell opens and runs the script as a cold one
+// would. It serves only a run of the same argv and environment.
+//
+// The hook is a file of the sandbox's temporary directory, removed once
+// the shell has read it (it says "ready" after): the shell, running as the
+// programs' user, could not reopen a pipe of the agent's through /dev/fd.
+func (s *server) warmBash(req *Request) *Exit {
+	start := time.Now()
+	hook, err := os.CreateTemp("", ".safe-run-warm-*.sh")
+	if err != nil {
+		return &Exit{Code: -1, Error: "write the warm bash's start-up file: " + err.Error()}
+	}
+	defer os.Remove(hook.Name())
+	_, err = hook.Write(bashHook(req.Argv))
+	if cerr := hook.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Chmod(hook.Name(), 0o444) // the shell runs as the programs' user
+	}
+	if err != nil {
+		return &Exit{Code: -1, Error: "write the warm bash's start-up file: " + err.Error()}
+	}
+	w, err := s.startWarm(req.Argv, append(slices.Clip(req.Env), "BASH_ENV="+hook.Name()))
+	if err != nil {
+		return &Exit{Code: -1, Error: err.Error()}
+	}
+	w.shell, w.argv, w.env = true, slices.Clone(req.Argv), slices.Clone(req.Env)
+	if err := w.await("ready", req.Timeout); err != nil {
+		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		w.close()
+		return &Exit{Code: -1, Error: fmt.Sprintf("the warm bash %v", err), Duration: time.Since(start)}
+	}
+	s.warmed = w
+	return &Exit{Duration: time.Since(start)}
+}
+
+// bashHook is drivers/warm.sh with its last line: a command whose last
+// argument is argv[0], what $_ holds when a shell of argv starts (with no _
+// in its environment, see hookable), since the hook's own commands changed
+// it.
+func bashHook(argv []string) []byte {
+	return []byte(warmBashHook + ": '" + strings.ReplaceAll(argv[0], "'", `'\''`) + "'\n")
+}
+
+// hookable says whether a run's shell with env can be warmed with a
+// start-up file: not when env sets a start-up file of its own or shell
+// options, which the hook would run under or disturb, nor when it has _,
+// which a cold shell starts with exported and the hook's commands would
+// leave unexported.
+func hookable(env []string) bool {
+	for _, kv := range append(os.Environ(), env...) {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "POSIXLY_CORRECT", "_":
+			return false
+		}
+	}
+	return true
 }
 
 // close closes the agent's ends of the driver's descriptors.
@@ -330,6 +408,9 @@ func writeFull(fd int, b []byte) error {
 func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error) {
 	w := s.warmed
 	s.warmed = nil
+	if w.shell {
+		return s.launchShell(w, req)
+	}
 	outDir := ""
 	if req.Collect != nil {
 		if !filepath.IsLocal(req.Collect.Dir) {
@@ -351,4 +432,42 @@ func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error
 	_ = writeFull(w.cmd, runMessage(code, outDir, wrote || len(req.Install) > 0, req.Argv))
 	unix.Close(w.cmd)
 	return c, nil
+}
+
+// launchShell lets the warm shell w run its script, which the agent has
+// written, and returns it as a child to supervise: from here on it is the
+// cold run's shell, ended by its exit.
+func (s *server) launchShell(w *warmProgram, req *Request) (*child, error) {
+	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: -1, stdout: w.stdout, stderr: w.stderr}
+	unix.Close(w.status) // the hook closes its end before the script runs
+	if err := c.watchExit(-1); err != nil {
+		w.close()
+		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		return nil, err
+	}
+	feedStdin(w.stdin, req.Stdin)
+	// A seed for RANDOM from the kernel: the shell's own was drawn before
+	// the checkpoint every pooled sandbox is restored from. If the shell
+	// died, the write fails (EPIPE) and its exit tells the rest.
+	var seed [4]byte
+	_, _ = rand.Read(seed[:])
+	_ = writeFull(w.cmd, fmt.Appendf(nil, "run 0 %d\n", binary.LittleEndian.Uint32(seed[:])>>1))
+	unix.Close(w.cmd)
+	return c, nil
+}
+
+// serves says whether the warm program w can take req's run: a warm
+// interpreter any run of its kind, the warm shell only a run of the
+// command and environment it was started with.
+func (w *warmProgram) serves(req *Request) bool {
+	return !w.shell || slices.Equal(w.argv, req.Argv) && slices.Equal(w.env, req.Env)
+}
+
+// discardWarm ends the warm program, which cannot serve the next run.
+func (s *server) discardWarm() {
+	if w := s.warmed; w != nil {
+		s.warmed = nil
+		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		w.close()
+	}
 }

@@ -315,10 +315,20 @@ func TestWarmPrimeReseeds(t *testing.T) {
 	}
 }
 
-// TestWarmBashEndsAsCold checks that a Bash sandbox warmed up (its shell run
-// once beforehand) runs the script exactly as a cold one: the same process
-// layout, arguments, shell flags, exit code and traps.
+// TestWarmBashEndsAsCold checks that a warm Bash sandbox (the run's shell
+// started ahead, waiting in its start-up file) runs the script exactly as a
+// cold one: the same process layout, arguments, shell flags, exit code and
+// traps, and nothing of the hook left in the shell's variables, functions,
+// options, environment or descriptors.
 func TestWarmBashEndsAsCold(t *testing.T) {
+	// The sandbox's environment has no _ (see hookable); go test's has.
+	t.Setenv("_", "")
+	os.Unsetenv("_")
+	// Variables that differ from one shell to the next whatever the start,
+	// listed with their value or not: RANDOM, SECONDS, BASH_ARGV and
+	// BASH_ARGC are listed with one once a script has used them (or sourced
+	// a file), and PIPESTATUS once any command has run, as the hook's did.
+	const volatile = `^declare -[-a-zA-Z]* (RANDOM|SRANDOM|BASHPID|EPOCHREALTIME|EPOCHSECONDS|SECONDS|PPID|BASH_ARGC|BASH_ARGV|PIPESTATUS)(=|$)`
 	tests := []struct{ name, code string }{
 		{"exit code", "echo \"$0\" \"$#\" \"$-\"; exit 3\n"},
 		{"trap", "trap 'echo trapped' EXIT\necho main\n"},
@@ -327,6 +337,13 @@ func TestWarmBashEndsAsCold(t *testing.T) {
 		{"descriptors", "cd /proc/$$/fd && echo *\n"},
 		{"signal", "kill -TERM $$\n"},
 		{"stdin", "read -r line; echo \"got $line\"\n"},
+		{"first status, $_ and LINENO", "echo \"$? [$_] $LINENO\"\n"},
+		{"variables", "v=$(declare -p | grep -Ev '" + volatile + "'); echo \"${v//$PWD/WORKDIR}\"\n"},
+		{"functions and options", "declare -F; shopt; set -o; echo \"$-\"\n"},
+		{"environment", "v=$(env | sort); echo \"${v//$PWD/WORKDIR}\"\n"},
+		{"SECONDS from the start", "echo $SECONDS\n"},
+		{"BASH_ARGV once read", "echo \"${BASH_ARGV[*]}|${BASH_ARGC[*]}\"\n"},
+		{"PIPESTATUS after a command", "true | false; echo \"${PIPESTATUS[*]}\"\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -339,6 +356,73 @@ func TestWarmBashEndsAsCold(t *testing.T) {
 				t.Errorf("stderr: warm %q, cold %q", warm.stderr, cold.stderr)
 			}
 		})
+	}
+}
+
+// TestWarmBashStartsAhead checks that a warm Bash run is served by the
+// shell started at the warm-up (its exec-time environment, which unset
+// does not change, still names the hook) unless its environment sets a
+// start-up file or options of its own: then it starts cold, and sources the
+// user's BASH_ENV as a cold shell does.
+func TestWarmBashStartsAhead(t *testing.T) {
+	t.Setenv("_", "")
+	os.Unsetenv("_")
+	dir := t.TempDir()
+	userEnv := filepath.Join(dir, "env.sh")
+	if err := os.WriteFile(userEnv, []byte("echo sourced\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := "tr '\\0' '\\n' </proc/$$/environ | grep -c '^BASH_ENV=.*/\\.safe-run-warm-.*\\.sh$'\n"
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string
+	}{
+		{"plain", nil, "1\n"},
+		{"user BASH_ENV", []string{"BASH_ENV=" + userEnv}, "sourced\n0\n"},
+		{"SHELLOPTS", []string{"SHELLOPTS=errexit"}, "0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := exec.LookPath("bash"); err != nil {
+				t.Skip("no bash on this host")
+			}
+			argv := []string{"bash", "main.sh"}
+			s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true},
+				agent.Request{Op: agent.OpWarm, Interpreter: "bash", Argv: argv, Env: tc.env, Timeout: 5 * time.Second},
+				agent.Request{Files: []agent.File{{Path: "main.sh", Data: []byte(code)}}, Argv: argv, Env: tc.env,
+					Timeout: 5 * time.Second, OutputBytes: 1 << 20},
+			)
+			runs := s.runs(t)
+			if len(runs) != 2 {
+				t.Fatalf("events: %s", dump(s.events))
+			}
+			if got := string(runs[1].stdout); got != tc.want {
+				t.Errorf("printed %q (stderr %q), want %q", got, runs[1].stderr, tc.want)
+			}
+		})
+	}
+}
+
+// TestWarmBashOtherCommand: a run of another command than the warm shell's
+// (or another environment) is not served by it; it starts cold, and the
+// warm shell is gone.
+func TestWarmBashOtherCommand(t *testing.T) {
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash on this host")
+	}
+	t.Setenv("_", "")
+	os.Unsetenv("_")
+	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true},
+		agent.Request{Op: agent.OpWarm, Interpreter: "bash", Argv: []string{"bash", "main.sh"}, Timeout: 5 * time.Second},
+		agent.Request{Files: []agent.File{{Path: "other.sh", Data: []byte("echo \"$0\" $#; pgrep -c -f '^bash main.sh' || true\n")}},
+			Argv: []string{"bash", "other.sh", "x"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20},
+	)
+	runs := s.runs(t)
+	if len(runs) != 2 {
+		t.Fatalf("events: %s", dump(s.events))
+	}
+	if got := string(runs[1].stdout); got != "other.sh 1\n0\n" {
+		t.Errorf("printed %q (stderr %q), want other.sh run cold and no warm shell left", got, runs[1].stderr)
 	}
 }
 

@@ -26,7 +26,7 @@ func warmRunFor(t *testing.T, timeout time.Duration, kind string, preload []stri
 	}
 	dir := t.TempDir()
 	s := serve(t, agent.Config{Workdir: dir, OneShot: true},
-		agent.Request{Op: agent.OpWarm, Interpreter: kind, Preload: preload, Timeout: 5 * time.Second},
+		agent.Request{Op: agent.OpWarm, Interpreter: kind, Preload: preload, Argv: argv, Timeout: 5 * time.Second},
 		agent.Request{Files: files, Argv: argv, Stdin: []byte(stdin), Timeout: timeout, OutputBytes: 1 << 20},
 	)
 	if s.err != nil {

@@ -568,7 +568,8 @@ func (p *pool) warm(sp *box, pl *poolLang) error {
 	if !slices.Contains(agent.WarmInterpreters, pl.lang.Interpreter) {
 		return nil // the agent alone is up; the program starts with the run
 	}
-	req := agent.Request{Op: agent.OpWarm, Interpreter: pl.lang.Interpreter, Preload: pl.preload, Env: p.cfg.Env, Timeout: startTimeout}
+	// The run's command, which a warm Bash starts ahead of its script.
+	req := agent.Request{Op: agent.OpWarm, Interpreter: pl.lang.Interpreter, Preload: pl.preload, Argv: pl.lang.Command, Env: p.cfg.Env, Timeout: startTimeout}
 	return sp.call(p.ctx, req)
 }
 

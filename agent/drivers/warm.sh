@@ -1,0 +1,40 @@
+# The warm Bash of a pooled safe-run sandbox. The agent starts the run's own
+# command, `bash main.sh`, before the script is known, with this file as
+# BASH_ENV: Bash sources it after its start-up and before it opens the
+# script, so the start of the shell (the fork, the exec, loading it and its
+# libraries, about 25 ms inside gVisor) is paid before the call, and the
+# script then runs in the very shell a cold start would have made, not
+# sourced by another one. The agent removes this file once the shell has
+# read it (at "ready").
+#
+# Protocol (see warmProgram in agent/warm.go): it writes "ready" to fd 4,
+# then reads lines on fd 3: "prime 0" is answered "primed"; "run 0 SEED"
+# says that the agent has written the script. It then closes fds 3 and 4,
+# removes every trace of itself a script could see — its variables,
+# BASH_ENV, the start of SECONDS, the value of $_ — reseeds RANDOM with the
+# agent's SEED, drawn from the kernel for the run (a shell started before a
+# checkpoint would otherwise share its seed with every sandbox restored from
+# it), and returns, and Bash runs the script. Anything else, or the end of
+# fd 3, exits: there is nothing to run.
+#
+# What stays visible: the shell's start time, its exec-time environment in
+# /proc/$$/environ (BASH_ENV included), and, in a listing of all variables
+# (declare -p, set), the values of RANDOM, SECONDS, BASH_ARGV, BASH_ARGC and
+# PIPESTATUS, which a cold script lists too once it has used them or run a
+# command.
+#
+# The agent appends the last line, `: VALUE`, which leaves in $_ what a
+# cold shell starts with.
+echo ready >&4
+while read -r __safe_run_cmd __safe_run_len __safe_run_seed <&3; do
+	case $__safe_run_cmd in
+	prime) echo primed >&4 ;;
+	run) break ;;
+	*) exit 0 ;;
+	esac
+done
+[ "$__safe_run_cmd" = run ] || exit 0
+exec 3<&- 4>&-
+RANDOM=$__safe_run_seed
+unset -v __safe_run_cmd __safe_run_len __safe_run_seed BASH_ENV
+SECONDS=0
