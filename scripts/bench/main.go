@@ -12,7 +12,9 @@
 // CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
 // docs untouched), after `make build runsc rootfs`. -cold and -cpu measure
 // only the cold CLI against raw runsc (with -compare OLD/safe-run for a
-// before and after in the same turns) or only the CPU rows, in a minute.
+// before and after in the same turns) or only the CPU rows, in a minute
+// (with -baseline DIR, the restore rows of the build in DIR beside this
+// one's).
 package main
 
 import (
