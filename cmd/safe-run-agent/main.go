@@ -19,12 +19,6 @@ func init() {
 	// agent's file operations, which switch their thread to the program's
 	// user and let it end with them, never run on it (see agent.Config.User).
 	runtime.LockOSThread()
-	// One P: the agent only supervises, and every thread it has is a task
-	// that each restore of a pooled sandbox rebuilds — gVisor recomputes
-	// each task's seccomp cache on load. Two fewer threads (8 → 6) made a
-	// restore and its prime cost 14 ms less CPU (202 vs 216 ms, p50 of 25,
-	// side by side).
-	runtime.GOMAXPROCS(1)
 }
 
 func main() {
