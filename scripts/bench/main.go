@@ -12,7 +12,9 @@
 // CPUs) or `make bench-quick` (2½–4 minutes; written to quick.{md,json},
 // docs untouched), after `make build runsc rootfs`. -cold and -cpu measure
 // only the cold CLI against raw runsc (with -compare OLD/safe-run for a
-// before and after in the same turns) or only the CPU rows, in a minute.
+// before and after in the same turns) or only the CPU rows, in a minute
+// (with -baseline DIR, the restore rows of the build in DIR beside this
+// one's).
 package main
 
 import (
@@ -78,7 +80,7 @@ func main() {
 	flag.Var(&compare, "compare", "with -cold: another safe-run binary measured in the same turns, e.g. a build of the commit before a change (repeatable)")
 	cpuOnly := flag.Bool("cpu", false, "measure only the CPU rows: raw `runsc run`, cold `safe-run run`, a restore and its prime, a warm call all in (-cpu-runs each)")
 	warmOnly := flag.Bool("warm", false, "measure only the warm rows (-runs spaced calls per language); with -baseline, also the safe-run binaries in that directory, call by call in turn")
-	baseline := flag.String("baseline", "", "with -warm: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
+	baseline := flag.String("baseline", "", "with -warm or -cpu: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
 	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent, shim and runsc beside it), e.g. an earlier commit's, whose warm row is measured in the same turns")
@@ -117,7 +119,7 @@ func main() {
 		return
 	}
 	if *cpuOnly {
-		cpuMain(o)
+		cpuMain(o, *baseline)
 		return
 	}
 	if *monitorOnly {
