@@ -3,6 +3,7 @@ package monitor
 import (
 	"encoding/json"
 	"reflect"
+	"runtime"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -544,7 +545,41 @@ func TestSessionConfig(t *testing.T) {
 			if full := names["syscall/listen/exit"]; full != (level == LevelFull) {
 				t.Errorf("listen point at level %s: %v", level, full)
 			}
+			for _, p := range ts.Points {
+				if hash := slices.Contains(p.OptionalFields, "binary_sha256"); p.Name == "sentry/execve" && hash != (level == LevelFull) {
+					t.Errorf("execve's binary_sha256 at level %s: %v", level, hash)
+				}
+			}
 		})
+	}
+}
+
+// TestPointsInRegistry: the points a level's session names are exactly
+// those of its list that runsc's registry has, whether points filled the
+// registry (other architectures) or trusted registryHasAll (amd64).
+func TestPointsInRegistry(t *testing.T) {
+	seccheck.Initialize()
+	for _, level := range []Level{LevelDefault, LevelFull} {
+		all := defaultPoints
+		if level == LevelFull {
+			all = append(append([]pointSpec(nil), defaultPoints...), fullPoints...)
+		}
+		var want []string
+		for _, p := range all {
+			if _, ok := seccheck.Points[p.name]; ok {
+				want = append(want, p.name)
+			}
+		}
+		var got []string
+		for _, p := range points(level) {
+			got = append(got, p.name)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("level %s: points %v, registry has %v", level, got, want)
+		}
+		if registryHasAll && len(want) != len(all) {
+			t.Errorf("level %s: registryHasAll on %s, but the registry lacks %d of its %d points", level, runtime.GOARCH, len(all)-len(want), len(all))
+		}
 	}
 }
 
