@@ -32,7 +32,7 @@ var (
 // Exit points carry the arguments and the result, so no enter points.
 var defaultPoints = []pointSpec{
 	{name: "container/start", context: ctxPID},
-	{name: "sentry/execve", optional: []string{"binary_info"}, context: ctxParent},
+	{name: "sentry/execve", optional: []string{"binary_info", "binary_sha256"}, context: ctxParent},
 	{name: "sentry/clone", context: ctxPID},
 	{name: "sentry/exit_notify_parent", context: ctxPID},
 	{name: "syscall/socket/exit", context: ctxPID},
@@ -41,18 +41,6 @@ var defaultPoints = []pointSpec{
 	{name: "syscall/open/exit", context: ctxOpen},
 	{name: "syscall/creat/exit", context: ctxOpen},
 	{name: "syscall/openat/exit", optional: []string{"fd_path"}, context: ctxOpen},
-}
-
-// fullOptional are the optional fields LevelFull asks of points of
-// defaultPoints. The executable's SHA-256 is one, not at the default
-// level: the sentry reads and hashes the whole binary in the execve that
-// makes the point, before the program runs: 6-11 ms (median 8, inside a
-// sandbox under load) for the interpreter every cold Python run starts,
-// python3.11's 6.8 MB, measured as the first exec of a copy against the
-// second (the sentry caches a file's hash per sandbox). No default rule
-// uses it.
-var fullOptional = map[string][]string{
-	"sentry/execve": {"binary_info", "binary_sha256"},
 }
 
 // fullPoints are added by LevelFull: every other schematised syscall point
@@ -124,11 +112,6 @@ func points(level Level) []pointSpec {
 	all := defaultPoints
 	if level == LevelFull {
 		all = append(append([]pointSpec(nil), defaultPoints...), fullPoints...)
-		for i, p := range all {
-			if opt, ok := fullOptional[p.name]; ok {
-				all[i].optional = opt
-			}
-		}
 	}
 	if registryHasAll {
 		return slices.Clone(all)
