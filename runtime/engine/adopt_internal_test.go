@@ -1,13 +1,15 @@
 package engine
 
 import (
+	"errors"
 	"testing"
 	"time"
 )
 
-// TestAdoptable: a run that finds the pool empty waits for the oldest
-// refill under way that no other run waits for, only if that refill is
-// expected to be ready before a cold start would be.
+// TestAdoptable: a run that finds the pool empty waits for the refill
+// under way, at a run's priority, that no other run waits for and will be
+// ready soonest, only if that is before a cold start would be; without a
+// CPU meter a refill's progress is its age.
 func TestAdoptable(t *testing.T) {
 	now := time.Now()
 	at := func(ago time.Duration) *refill { return &refill{start: now.Add(-ago)} }
@@ -23,7 +25,7 @@ func TestAdoptable(t *testing.T) {
 		{"more than half done: it is sooner", []*refill{at(300 * time.Millisecond)}, refillTook, coldTook, 0},
 		{"exactly as soon: start cold", []*refill{at(refillTook - coldTook)}, refillTook, coldTook, -1},
 		{"overdue: it is sooner", []*refill{at(2 * time.Second)}, refillTook, coldTook, 0},
-		{"the oldest unclaimed one", []*refill{{start: now.Add(-time.Second), claimed: true}, at(400 * time.Millisecond), at(350 * time.Millisecond)}, refillTook, coldTook, 1},
+		{"the soonest unclaimed one", []*refill{{start: now.Add(-time.Second), claimed: true}, at(400 * time.Millisecond), at(350 * time.Millisecond)}, refillTook, coldTook, 1},
 		{"a background refill: its progress is unknown", []*refill{{start: now.Add(-time.Second), background: true}}, refillTook, coldTook, -1},
 		{"the oldest at a run's priority", []*refill{{start: now.Add(-time.Second), background: true}, at(400 * time.Millisecond)}, refillTook, coldTook, 1},
 		{"every one claimed", []*refill{{start: now.Add(-time.Second), claimed: true}}, refillTook, coldTook, -1},
@@ -32,6 +34,61 @@ func TestAdoptable(t *testing.T) {
 		{"no cold start measured yet", []*refill{at(2 * time.Second)}, refillTook, 0, -1},
 	} {
 		pl := &poolLang{refills: tc.refills, refillTook: tc.refillTook, coldTook: tc.coldTook}
+		got := pl.adoptable(now)
+		var want *refill
+		if tc.want >= 0 {
+			want = tc.refills[tc.want]
+		}
+		if got != want {
+			t.Errorf("%s: adoptable = %v, want %v", tc.name, got, want)
+		}
+	}
+}
+
+// TestAdoptableByCPU: where the backend meters a refill's CPU, its
+// progress is the CPU it used against what a refill uses, whatever its
+// priority or age, and a cold start costs the run also the interpreter's
+// start that a pooled sandbox saves (the shortest cold run minus the
+// shortest pooled one).
+func TestAdoptableByCPU(t *testing.T) {
+	now := time.Now()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	// used makes a background refill started ago that has used cpu.
+	used := func(ago, cpu time.Duration) *refill {
+		return &refill{start: now.Add(-ago), background: true, used: func() (time.Duration, error) { return cpu, nil }}
+	}
+	unreadable := &refill{start: now.Add(-time.Second), background: true,
+		used: func() (time.Duration, error) { return 0, errors.New("no cgroup") }}
+	claimed := used(ms(50), ms(290))
+	claimed.claimed = true
+	type durations struct{ refillCPU, coldTook, coldRunMin, warmRunMin time.Duration }
+	// Measured here: a restore and its prime use 230-300 ms of CPU, a cold
+	// sandbox is ready in about 110 ms, print(1) answers in about 90 ms in
+	// a cold sandbox and 10 ms in a pooled one.
+	here := durations{ms(300), ms(110), ms(90), ms(10)}
+	for _, tc := range []struct {
+		name    string
+		refills []*refill
+		d       durations
+		want    int // index in refills, -1 for none
+	}{
+		{"just started: a cold start is sooner", []*refill{used(ms(20), ms(10))}, here, -1},
+		{"old but starved of CPU: a cold start is sooner", []*refill{used(ms(900), ms(50))}, here, -1},
+		{"young but far along: it is sooner", []*refill{used(ms(150), ms(150))}, here, 0},
+		{"less left than a cold start and its interpreter", []*refill{used(ms(100), ms(300-189))}, here, 0},
+		{"exactly as soon: start cold", []*refill{used(ms(100), ms(300-190))}, here, -1},
+		{"without the interpreter's saving, cold is sooner", []*refill{used(ms(100), ms(150))}, durations{ms(300), ms(110), 0, ms(10)}, -1},
+		{"pooled runs no faster: no saving", []*refill{used(ms(100), ms(150))}, durations{ms(300), ms(110), ms(10), ms(20)}, -1},
+		{"used more than a refill uses: it is sooner", []*refill{used(ms(100), ms(400))}, here, 0},
+		{"the soonest of several", []*refill{used(ms(500), ms(150)), used(ms(100), ms(250)), used(ms(300), ms(200))}, here, 1},
+		{"a claimed one is another run's", []*refill{claimed, used(ms(100), ms(200))}, here, 1},
+		{"every one claimed", []*refill{claimed}, here, -1},
+		{"an unreadable meter: its progress is unknown", []*refill{unreadable}, here, -1},
+		{"no refill's CPU measured yet: by age, not in the background", []*refill{used(ms(900), ms(290))}, durations{0, ms(110), ms(90), ms(10)}, -1},
+		{"no cold start measured yet", []*refill{used(ms(100), ms(290))}, durations{ms(300), 0, ms(90), ms(10)}, -1},
+	} {
+		pl := &poolLang{refills: tc.refills, refillTook: ms(430), refillCPU: tc.d.refillCPU, coldTook: tc.d.coldTook,
+			coldRunMin: tc.d.coldRunMin, warmRunMin: tc.d.warmRunMin}
 		got := pl.adoptable(now)
 		var want *refill
 		if tc.want >= 0 {

@@ -126,6 +126,15 @@ type poolLang struct {
 	// its agent answered: what decides whether a run that finds the pool
 	// empty waits for a refill under way.
 	refillTook, coldTook time.Duration
+	// refillCPU is a moving average of the CPU time a refill's sandbox
+	// used until ready, where the backend tells it (CPUMeter): how far a
+	// refill under way got is the CPU it used against it.
+	refillCPU time.Duration
+	// coldRunMin and warmRunMin are the shortest runs seen, from the
+	// request until the answer, in a cold sandbox and in a pooled one:
+	// the least a pooled sandbox saves a run (the interpreter's start),
+	// whatever the program.
+	coldRunMin, warmRunMin time.Duration
 }
 
 // refill is one refill under way, once it starts its sandbox: the
@@ -138,6 +147,11 @@ type refill struct {
 	// (Prioritizer): how far it got then depends on the CPU runs left it,
 	// not on the time it has run, and no run waits for it.
 	background bool
+	// used reads the CPU time its sandbox used so far (CPUMeter), and
+	// raise gives it a run's CPU priority (Prioritizer); each is nil until
+	// its sandbox has started, or if the backend cannot.
+	used  func() (time.Duration, error)
+	raise func()
 }
 
 func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
@@ -233,8 +247,12 @@ func (p *pool) take(job sandbox.Job) *box {
 					break
 				}
 				// It will be ready sooner than a cold start: it becomes
-				// this run's.
+				// this run's, at a run's priority.
 				claim.claimed = true
+				if claim.raise != nil {
+					claim.raise()
+					claim.background = false
+				}
 			}
 			wait = startTimeout
 		}
@@ -320,6 +338,27 @@ func (p *pool) observeCold(language string, d time.Duration) {
 	}
 }
 
+// observeRun records how long a one-shot run of language took from its
+// request until its answer, in a cold sandbox or a pooled one.
+func (p *pool) observeRun(language string, cold bool, d time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.langs[language]
+	if pl == nil {
+		return
+	}
+	least := &pl.warmRunMin
+	if cold {
+		least = &pl.coldRunMin
+	}
+	if *least == 0 || d < *least {
+		*least = d
+	}
+}
+
 // average moves a moving average avg (zero: none yet) towards d.
 func average(avg, d time.Duration) time.Duration {
 	if avg == 0 {
@@ -329,32 +368,57 @@ func average(avg, d time.Duration) time.Duration {
 }
 
 // adoptable returns the refill under way that a run finding the pool empty
-// at now should wait for, or nil if it should start cold: the oldest one
-// no other run waits for and that runs at a run's priority, if it is
-// expected to be ready before a cold start would be — its expected
-// duration minus the time it has run is below a cold start's. Until both
-// durations have been measured, runs start cold, as they would without a
-// pool. p.mu is held.
+// at now should wait for, or nil if it should start cold: of those no
+// other run waits for, the one expected to be ready soonest, if that is
+// sooner than a cold sandbox would be ready and have run the program's
+// interpreter start that a pooled sandbox saves (coldTook plus coldRunMin
+// minus warmRunMin). Until a cold start has been measured, runs start
+// cold, as they would without a pool. p.mu is held.
 //
-// Here a restore and its prime take about 430 ms on an idle host and a
-// cold sandbox is ready in 150-240 ms, so a run would wait only for a
-// restore more than half done. A background refill's progress is not
-// known from its time (it got the CPU runs left idle, perhaps none): a
-// run that waited for one, measured, took 1-2 s where a cold start took
-// 0.3-0.5 s on the same loaded host, so runs never wait for those.
+// Here a restore and its prime use about 230-300 ms of CPU and take about
+// as long in the foreground, a cold sandbox is ready in 110-240 ms and
+// then takes about 80 ms more than a pooled one to run print(1): a run
+// waits for a refill that has less than about 200 ms of CPU left to use.
 func (pl *poolLang) adoptable(now time.Time) *refill {
-	if pl.refillTook == 0 || pl.coldTook == 0 {
+	if pl.coldTook == 0 {
 		return nil
 	}
-	i := slices.IndexFunc(pl.refills, func(r *refill) bool { return !r.claimed && !r.background })
-	if i < 0 {
-		return nil
+	cold := pl.coldTook
+	if pl.warmRunMin > 0 && pl.coldRunMin > pl.warmRunMin {
+		cold += pl.coldRunMin - pl.warmRunMin
 	}
-	r := pl.refills[i]
-	if remaining := pl.refillTook - now.Sub(r.start); remaining >= pl.coldTook {
-		return nil
+	var best *refill
+	var soonest time.Duration
+	for _, r := range pl.refills {
+		if r.claimed {
+			continue
+		}
+		left, ok := pl.remaining(r, now)
+		if ok && left < cold && (best == nil || left < soonest) {
+			best, soonest = r, left
+		}
 	}
-	return r
+	return best
+}
+
+// remaining estimates how long the refill r has to go at a run's priority,
+// or says that it cannot. Where its CPU is known it is the CPU a refill
+// uses minus what r used: a foreground restore here takes about as long
+// as the CPU it uses, and a background one's age says nothing of its
+// progress (it got the CPU runs left idle, perhaps none; a run that
+// waited for one by its age, measured, took 1-2 s where a cold start took
+// 0.3-0.5 s on the same loaded host). Otherwise it is a refill's duration
+// minus r's age, for a refill at a run's priority only. p.mu is held.
+func (pl *poolLang) remaining(r *refill, now time.Time) (time.Duration, bool) {
+	if r.used != nil && pl.refillCPU > 0 {
+		if used, err := r.used(); err == nil {
+			return pl.refillCPU - used, true
+		}
+	}
+	if r.background || pl.refillTook == 0 {
+		return 0, false
+	}
+	return pl.refillTook - now.Sub(r.start), true
 }
 
 // foreground raises sp to the CPU priority of any run, if its backend has
@@ -519,11 +583,21 @@ func (p *pool) begin(pl *poolLang) *refill {
 
 // end records the refill r of pl as over, with *sp its sandbox or nil.
 func (p *pool) end(pl *poolLang, r *refill, sp **box) {
+	took := time.Since(r.start)
+	var cpu time.Duration
+	if *sp != nil {
+		if m, ok := (*sp).sb.(CPUMeter); ok {
+			cpu, _ = m.CPUUsed()
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl.refills = slices.DeleteFunc(pl.refills, func(o *refill) bool { return o == r })
 	if *sp != nil {
-		pl.refillTook = average(pl.refillTook, time.Since(r.start))
+		pl.refillTook = average(pl.refillTook, took)
+		if cpu > 0 {
+			pl.refillCPU = average(pl.refillCPU, cpu)
+		}
 	}
 }
 
@@ -536,9 +610,15 @@ func (p *pool) startRefillBox(pl *poolLang, image string, r *refill) (*box, erro
 	if err != nil || r == nil {
 		return sp, err
 	}
-	_, background := sp.sb.(Prioritizer)
+	prio, background := sp.sb.(Prioritizer)
 	p.mu.Lock()
 	r.background = background
+	if background {
+		r.raise = prio.Foreground
+	}
+	if m, ok := sp.sb.(CPUMeter); ok {
+		r.used = m.CPUUsed
+	}
 	p.mu.Unlock()
 	return sp, nil
 }

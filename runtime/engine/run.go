@@ -72,7 +72,8 @@ func (e *Engine) cleanUp(b *box, pooled bool) {
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
 func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) (out sandbox.Result) {
-	if b.current() == statusStarting {
+	cold := b.current() == statusStarting
+	if cold {
 		observe := func(d time.Duration) {
 			e.pool.observeCold(job.Language, d)
 			if e.cfg.ObserveStart != nil {
@@ -93,8 +94,12 @@ func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sand
 	req := e.request(job, lang)
 	stdout, stderr := newStreams(job)
 	b.mark("request")
+	asked := time.Now()
 	exit, end := b.request(ctx, req, e.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
 	b.mark("answered")
+	if exit != nil && exit.Error == "" {
+		e.pool.observeRun(job.Language, cold, time.Since(asked))
+	}
 	if exit == nil {
 		// Whatever ended the sandbox, its usage has the last word only
 		// once its processes are gone.
