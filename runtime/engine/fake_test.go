@@ -144,7 +144,7 @@ type fakeSandbox struct {
 	markMu sync.Mutex
 	marks  []string // MarkPooled calls, in order
 
-	foreground atomic.Bool // Foreground was called
+	foreground atomic.Bool  // Foreground was called
 	cpu        atomic.Int64 // CPUUsed, in nanoseconds
 }
 
