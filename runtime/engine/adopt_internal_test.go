@@ -47,9 +47,8 @@ func TestAdoptable(t *testing.T) {
 
 // TestAdoptableByCPU: where the backend meters a refill's CPU, its
 // progress is the CPU it used against what a refill uses, whatever its
-// priority or age, and a cold start costs the run also the interpreter's
-// start that a pooled sandbox saves (the shortest cold run minus the
-// shortest pooled one).
+// priority or age, and it is adopted if what it has left is less than the
+// CPU a cold sandbox uses until it answered minus what a pooled run uses.
 func TestAdoptableByCPU(t *testing.T) {
 	now := time.Now()
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
@@ -61,34 +60,35 @@ func TestAdoptableByCPU(t *testing.T) {
 		used: func() (time.Duration, error) { return 0, errors.New("no cgroup") }}
 	claimed := used(ms(50), ms(290))
 	claimed.claimed = true
-	type durations struct{ refillCPU, coldTook, coldRunMin, warmRunMin time.Duration }
+	type cpus struct{ refill, cold, warmRun time.Duration }
 	// Measured here: a restore and its prime use 230-300 ms of CPU, a cold
-	// sandbox is ready in about 110 ms, print(1) answers in about 90 ms in
-	// a cold sandbox and 10 ms in a pooled one.
-	here := durations{ms(300), ms(110), ms(90), ms(10)}
+	// sandbox about 165 ms until it answered print(1), a pooled run 5 ms.
+	here := cpus{ms(300), ms(165), ms(5)}
 	for _, tc := range []struct {
 		name    string
 		refills []*refill
-		d       durations
+		c       cpus
 		want    int // index in refills, -1 for none
 	}{
 		{"just started: a cold start is sooner", []*refill{used(ms(20), ms(10))}, here, -1},
 		{"old but starved of CPU: a cold start is sooner", []*refill{used(ms(900), ms(50))}, here, -1},
-		{"young but far along: it is sooner", []*refill{used(ms(150), ms(150))}, here, 0},
-		{"less left than a cold start and its interpreter", []*refill{used(ms(100), ms(300-189))}, here, 0},
-		{"exactly as soon: start cold", []*refill{used(ms(100), ms(300-190))}, here, -1},
-		{"without the interpreter's saving, cold is sooner", []*refill{used(ms(100), ms(150))}, durations{ms(300), ms(110), 0, ms(10)}, -1},
-		{"pooled runs no faster: no saving", []*refill{used(ms(100), ms(150))}, durations{ms(300), ms(110), ms(10), ms(20)}, -1},
+		{"young but far along: it is sooner", []*refill{used(ms(150), ms(200))}, here, 0},
+		{"less left than a cold start costs more", []*refill{used(ms(100), ms(300-159))}, here, 0},
+		{"exactly as much: start cold", []*refill{used(ms(100), ms(300-160))}, here, -1},
 		{"used more than a refill uses: it is sooner", []*refill{used(ms(100), ms(400))}, here, 0},
-		{"the soonest of several", []*refill{used(ms(500), ms(150)), used(ms(100), ms(250)), used(ms(300), ms(200))}, here, 1},
+		{"the one with least left", []*refill{used(ms(500), ms(150)), used(ms(100), ms(250)), used(ms(300), ms(200))}, here, 1},
 		{"a claimed one is another run's", []*refill{claimed, used(ms(100), ms(200))}, here, 1},
 		{"every one claimed", []*refill{claimed}, here, -1},
 		{"an unreadable meter: its progress is unknown", []*refill{unreadable}, here, -1},
-		{"no refill's CPU measured yet: by age, not in the background", []*refill{used(ms(900), ms(290))}, durations{0, ms(110), ms(90), ms(10)}, -1},
-		{"no cold start measured yet", []*refill{used(ms(100), ms(290))}, durations{ms(300), 0, ms(90), ms(10)}, -1},
+		{"no refill's CPU measured yet: not by age in the background", []*refill{used(ms(900), ms(290))}, cpus{0, ms(165), ms(5)}, -1},
+		{"no cold sandbox's CPU measured yet", []*refill{used(ms(100), ms(290))}, cpus{ms(300), 0, ms(5)}, -1},
+		{"no pooled run measured yet: the cold start's CPU", []*refill{used(ms(100), ms(140))}, cpus{ms(300), ms(165), 0}, 0},
+		{"pooled runs cost as much: no cold cost to beat", []*refill{used(ms(100), ms(299))}, cpus{ms(300), ms(165), ms(165)}, -1},
 	} {
-		pl := &poolLang{refills: tc.refills, refillTook: ms(430), refillCPU: tc.d.refillCPU, coldTook: tc.d.coldTook,
-			coldRunMin: tc.d.coldRunMin, warmRunMin: tc.d.warmRunMin}
+		// The durations would adopt any refill at a run's priority:
+		// with a meter they do not count.
+		pl := &poolLang{refills: tc.refills, refillTook: ms(430), coldTook: ms(2000), refillCPU: tc.c.refill,
+			coldCPUMin: tc.c.cold, warmRunCPUMin: tc.c.warmRun}
 		got := pl.adoptable(now)
 		var want *refill
 		if tc.want >= 0 {
@@ -96,6 +96,30 @@ func TestAdoptableByCPU(t *testing.T) {
 		}
 		if got != want {
 			t.Errorf("%s: adoptable = %v, want %v", tc.name, got, want)
+		}
+	}
+}
+
+// TestAdoptableSavesInterpreterStart: without a meter, a cold start's cost
+// is its duration plus the interpreter start a pooled sandbox saves (the
+// shortest cold run minus the shortest pooled one).
+func TestAdoptableSavesInterpreterStart(t *testing.T) {
+	now := time.Now()
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	for _, tc := range []struct {
+		name                   string
+		age                    time.Duration
+		coldRunMin, warmRunMin time.Duration
+		adopt                  bool
+	}{
+		{"nothing saved: a cold start is sooner", ms(200), 0, 0, false},
+		{"the interpreter's start makes it sooner", ms(200), ms(90), ms(10), true},
+		{"pooled runs no faster: no saving", ms(200), ms(10), ms(20), false},
+	} {
+		r := &refill{start: now.Add(-tc.age)}
+		pl := &poolLang{refills: []*refill{r}, refillTook: ms(430), coldTook: ms(190), coldRunMin: tc.coldRunMin, warmRunMin: tc.warmRunMin}
+		if got := pl.adoptable(now) == r; got != tc.adopt {
+			t.Errorf("%s: adopted %v, want %v", tc.name, got, tc.adopt)
 		}
 	}
 }

@@ -135,6 +135,12 @@ type poolLang struct {
 	// the least a pooled sandbox saves a run (the interpreter's start),
 	// whatever the program.
 	coldRunMin, warmRunMin time.Duration
+	// coldCPUMin is the least CPU a cold one-shot sandbox used from its
+	// start until its answer, and warmRunCPUMin the least a pooled one
+	// used from the request until the answer, where the backend tells
+	// (CPUMeter): what a cold start costs a run more than a pooled
+	// sandbox, in the unit a refill's progress is known in.
+	coldCPUMin, warmRunCPUMin time.Duration
 }
 
 // refill is one refill under way, once it starts its sandbox: the
@@ -339,8 +345,10 @@ func (p *pool) observeCold(language string, d time.Duration) {
 }
 
 // observeRun records how long a one-shot run of language took from its
-// request until its answer, in a cold sandbox or a pooled one.
-func (p *pool) observeRun(language string, cold bool, d time.Duration) {
+// request until its answer, in a cold sandbox or a pooled one, and the CPU
+// its sandbox used (0: not known): a cold one's from its start until the
+// answer, a pooled one's from the request.
+func (p *pool) observeRun(language string, cold bool, d, cpu time.Duration) {
 	if p == nil {
 		return
 	}
@@ -350,10 +358,18 @@ func (p *pool) observeRun(language string, cold bool, d time.Duration) {
 	if pl == nil {
 		return
 	}
-	least := &pl.warmRunMin
+	least, leastCPU := &pl.warmRunMin, &pl.warmRunCPUMin
 	if cold {
-		least = &pl.coldRunMin
+		least, leastCPU = &pl.coldRunMin, &pl.coldCPUMin
 	}
+	lower(least, d)
+	if cpu > 0 {
+		lower(leastCPU, cpu)
+	}
+}
+
+// lower sets *least (zero: none yet) to d if d is less.
+func lower(least *time.Duration, d time.Duration) {
 	if *least == 0 || d < *least {
 		*least = d
 	}
@@ -369,56 +385,63 @@ func average(avg, d time.Duration) time.Duration {
 
 // adoptable returns the refill under way that a run finding the pool empty
 // at now should wait for, or nil if it should start cold: of those no
-// other run waits for, the one expected to be ready soonest, if that is
-// sooner than a cold sandbox would be ready and have run the program's
-// interpreter start that a pooled sandbox saves (coldTook plus coldRunMin
-// minus warmRunMin). Until a cold start has been measured, runs start
-// cold, as they would without a pool. p.mu is held.
+// other run waits for, the one that has least left to do against what a
+// cold start would cost the run, if that is less. Until that cost has
+// been measured, runs start cold, as they would without a pool. p.mu is
+// held.
 //
-// Here a restore and its prime use about 230-300 ms of CPU and take about
-// as long in the foreground, a cold sandbox is ready in 110-240 ms and
-// then takes about 80 ms more than a pooled one to run print(1): a run
-// waits for a refill that has less than about 200 ms of CPU left to use.
+// Where the backend meters CPU (CPUMeter), both are CPU: what a refill
+// uses until ready minus what this one used, against what a cold sandbox
+// uses until it answered minus what a pooled run uses. A refill in the
+// background gets only the CPU runs leave idle, so its age says nothing
+// of its progress (a run that waited for one by its age, measured, took
+// 1-2 s where a cold start took 0.3-0.5 s on the same loaded host); and
+// comparing its CPU left with a cold start's duration, measured, made
+// every miss wait on a loaded host (load 7-12: misses 309 ms against 281
+// ms with the pool off), since load stretches durations and not CPU.
+// Here a restore and its prime use 230-300 ms of CPU and take about as
+// long in the foreground; a cold sandbox until it answered print(1) uses
+// about 165 ms.
+//
+// Otherwise, for a refill at a run's priority, both are durations: a
+// refill's minus this one's age, against a cold start's (coldTook) plus
+// the interpreter start a pooled sandbox saves (coldRunMin minus
+// warmRunMin).
 func (pl *poolLang) adoptable(now time.Time) *refill {
-	if pl.coldTook == 0 {
-		return nil
-	}
-	cold := pl.coldTook
-	if pl.warmRunMin > 0 && pl.coldRunMin > pl.warmRunMin {
-		cold += pl.coldRunMin - pl.warmRunMin
-	}
 	var best *refill
-	var soonest time.Duration
+	var bestShare float64
 	for _, r := range pl.refills {
 		if r.claimed {
 			continue
 		}
-		left, ok := pl.remaining(r, now)
-		if ok && left < cold && (best == nil || left < soonest) {
-			best, soonest = r, left
+		left, cold, ok := pl.remaining(r, now)
+		if !ok || left >= cold {
+			continue
+		}
+		if share := float64(left) / float64(cold); best == nil || share < bestShare {
+			best, bestShare = r, share
 		}
 	}
 	return best
 }
 
-// remaining estimates how long the refill r has to go at a run's priority,
-// or says that it cannot. Where its CPU is known it is the CPU a refill
-// uses minus what r used: a foreground restore here takes about as long
-// as the CPU it uses, and a background one's age says nothing of its
-// progress (it got the CPU runs left idle, perhaps none; a run that
-// waited for one by its age, measured, took 1-2 s where a cold start took
-// 0.3-0.5 s on the same loaded host). Otherwise it is a refill's duration
-// minus r's age, for a refill at a run's priority only. p.mu is held.
-func (pl *poolLang) remaining(r *refill, now time.Time) (time.Duration, bool) {
-	if r.used != nil && pl.refillCPU > 0 {
+// remaining estimates what the refill r has left to do at a run's
+// priority and what a cold start would cost the run instead, in the same
+// unit (CPU or time; see adoptable), or says that it cannot. p.mu is held.
+func (pl *poolLang) remaining(r *refill, now time.Time) (left, cold time.Duration, ok bool) {
+	if r.used != nil && pl.refillCPU > 0 && pl.coldCPUMin > pl.warmRunCPUMin {
 		if used, err := r.used(); err == nil {
-			return pl.refillCPU - used, true
+			return pl.refillCPU - used, pl.coldCPUMin - pl.warmRunCPUMin, true
 		}
 	}
-	if r.background || pl.refillTook == 0 {
-		return 0, false
+	if r.background || pl.refillTook == 0 || pl.coldTook == 0 {
+		return 0, 0, false
 	}
-	return pl.refillTook - now.Sub(r.start), true
+	cold = pl.coldTook
+	if pl.warmRunMin > 0 && pl.coldRunMin > pl.warmRunMin {
+		cold += pl.coldRunMin - pl.warmRunMin
+	}
+	return pl.refillTook - now.Sub(r.start), cold, true
 }
 
 // foreground raises sp to the CPU priority of any run, if its backend has
