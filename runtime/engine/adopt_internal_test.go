@@ -34,14 +34,20 @@ func TestAdoptable(t *testing.T) {
 		{"no cold start measured yet", []*refill{at(2 * time.Second)}, refillTook, 0, -1},
 	} {
 		pl := &poolLang{refills: tc.refills, refillTook: tc.refillTook, coldTook: tc.coldTook}
-		got := pl.adoptable(now)
-		var want *refill
-		if tc.want >= 0 {
-			want = tc.refills[tc.want]
-		}
-		if got != want {
-			t.Errorf("%s: adoptable = %v, want %v", tc.name, got, want)
-		}
+		checkAdoptable(t, tc.name, pl, now, tc.want)
+	}
+}
+
+// checkAdoptable checks that pl.adoptable(now) is pl.refills[want], or nil
+// for -1.
+func checkAdoptable(t *testing.T, name string, pl *poolLang, now time.Time, want int) {
+	t.Helper()
+	var r *refill
+	if want >= 0 {
+		r = pl.refills[want]
+	}
+	if got := pl.adoptable(now); got != r {
+		t.Errorf("%s: adoptable = %v, want %v", name, got, r)
 	}
 }
 
@@ -89,14 +95,7 @@ func TestAdoptableByCPU(t *testing.T) {
 		// with a meter they do not count.
 		pl := &poolLang{refills: tc.refills, refillTook: ms(430), coldTook: ms(2000), refillCPU: tc.c.refill,
 			coldCPUMin: tc.c.cold, warmRunCPUMin: tc.c.warmRun}
-		got := pl.adoptable(now)
-		var want *refill
-		if tc.want >= 0 {
-			want = tc.refills[tc.want]
-		}
-		if got != want {
-			t.Errorf("%s: adoptable = %v, want %v", tc.name, got, want)
-		}
+		checkAdoptable(t, tc.name, pl, now, tc.want)
 	}
 }
 
