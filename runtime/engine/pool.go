@@ -60,8 +60,9 @@ type PoolConfig struct {
 	//
 	// Without it, such a run takes a refill under way only when the pool
 	// expects it to be ready sooner than a cold start would be (from the
-	// durations it has seen of both; see adoptable), and starts cold
-	// otherwise.
+	// CPU, where the backend meters it, or the durations it has seen of
+	// both; see adoptable), raising it to a run's priority, and starts
+	// cold otherwise.
 	AwaitRefill time.Duration
 }
 
