@@ -46,7 +46,7 @@ func checkAdoptable(t *testing.T, name string, pl *poolLang, now time.Time, want
 	if want >= 0 {
 		r = pl.refills[want]
 	}
-	if got := pl.adoptable(now); got != r {
+	if got := pl.adoptable(now, true); got != r {
 		t.Errorf("%s: adoptable = %v, want %v", name, got, r)
 	}
 }
@@ -96,6 +96,11 @@ func TestAdoptableByCPU(t *testing.T) {
 		pl := &poolLang{refills: tc.refills, refillTook: ms(430), coldTook: ms(2000), refillCPU: tc.c.refill,
 			coldCPUMin: tc.c.cold, warmRunCPUMin: tc.c.warmRun}
 		checkAdoptable(t, tc.name, pl, now, tc.want)
+		// Where runs take every CPU, a background refill is not judged
+		// by its CPU: a run starts cold.
+		if got := pl.adoptable(now, false); got != nil {
+			t.Errorf("%s, no CPU free: adoptable = %v, want none", tc.name, got)
+		}
 	}
 }
 
@@ -117,7 +122,7 @@ func TestAdoptableSavesInterpreterStart(t *testing.T) {
 	} {
 		r := &refill{start: now.Add(-tc.age)}
 		pl := &poolLang{refills: []*refill{r}, refillTook: ms(430), coldTook: ms(190), coldRunMin: tc.coldRunMin, warmRunMin: tc.warmRunMin}
-		if got := pl.adoptable(now) == r; got != tc.adopt {
+		if got := pl.adoptable(now, true) == r; got != tc.adopt {
 			t.Errorf("%s: adopted %v, want %v", tc.name, got, tc.adopt)
 		}
 	}

@@ -250,7 +250,7 @@ func (p *pool) take(job sandbox.Job) *box {
 		wait := p.cfg.AwaitRefill
 		if wait <= 0 {
 			if claim == nil || !slices.Contains(pl.refills, claim) {
-				if claim = pl.adoptable(time.Now()); claim == nil {
+				if claim = pl.adoptable(time.Now(), p.running+1 < p.cpus); claim == nil {
 					break
 				}
 				// It will be ready sooner than a cold start: it becomes
@@ -408,14 +408,21 @@ func average(avg, d time.Duration) time.Duration {
 // refill's minus this one's age, against a cold start's (coldTook) plus
 // the interpreter start a pooled sandbox saves (coldRunMin minus
 // warmRunMin).
-func (pl *poolLang) adoptable(now time.Time) *refill {
+//
+// A background refill is judged by its CPU only if cpuFree says that a
+// CPU would idle beside this run: a restore uses more CPU than a cold
+// start (here 230-300 ms against 165), so where runs take every CPU,
+// sandboxes made by refills instead of cold starts cost runs CPU
+// (measured at concurrency 2, load 20: pool on/off 1.02 against 1.24
+// without adoption by CPU).
+func (pl *poolLang) adoptable(now time.Time, cpuFree bool) *refill {
 	var best *refill
 	var bestShare float64
 	for _, r := range pl.refills {
 		if r.claimed {
 			continue
 		}
-		left, cold, ok := pl.remaining(r, now)
+		left, cold, ok := pl.remaining(r, now, cpuFree)
 		if !ok || left >= cold {
 			continue
 		}
@@ -428,9 +435,10 @@ func (pl *poolLang) adoptable(now time.Time) *refill {
 
 // remaining estimates what the refill r has left to do at a run's
 // priority and what a cold start would cost the run instead, in the same
-// unit (CPU or time; see adoptable), or says that it cannot. p.mu is held.
-func (pl *poolLang) remaining(r *refill, now time.Time) (left, cold time.Duration, ok bool) {
-	if r.used != nil && pl.refillCPU > 0 && pl.coldCPUMin > pl.warmRunCPUMin {
+// unit (CPU, if cpuFree, or time; see adoptable), or says that it cannot.
+// p.mu is held.
+func (pl *poolLang) remaining(r *refill, now time.Time, cpuFree bool) (left, cold time.Duration, ok bool) {
+	if cpuFree && r.used != nil && pl.refillCPU > 0 && pl.coldCPUMin > pl.warmRunCPUMin {
 		if used, err := r.used(); err == nil {
 			return pl.refillCPU - used, pl.coldCPUMin - pl.warmRunCPUMin, true
 		}

@@ -122,24 +122,26 @@ func holdWarm(hold func() <-chan struct{}) handler {
 
 // TestPoolAdoptsRefillByCPU: a run that finds the pool empty while a
 // background refill is under way waits for that refill, raised to a run's
-// priority, when the CPU the refill used says it is nearly done; when it
-// has used little, the run starts cold and the refill stays in the
-// background.
+// priority, when the CPU the refill used says it is nearly done and a CPU
+// is free beside the run; when it has used little, or the run takes the
+// last CPU, the run starts cold and the refill stays in the background.
 func TestPoolAdoptsRefillByCPU(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		used  time.Duration // by the refill under way when the run comes
+		cpus  int
 		adopt bool
 	}{
-		{"nearly done", 300 * time.Millisecond, true},
-		{"just begun", 0, false},
+		{"nearly done", 300 * time.Millisecond, 2, true},
+		{"just begun", 0, 2, false},
+		{"nearly done, but the run takes the only CPU", 300 * time.Millisecond, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var mu sync.Mutex
 			var gate chan struct{}
 			b := newFake(holdWarm(func() <-chan struct{} { mu.Lock(); defer mu.Unlock(); return gate }))
 			b.cpu.Store(int64(300 * time.Millisecond)) // what a refill uses until ready
-			e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 2}})
+			e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: tc.cpus}})
 			eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
 			// A cold Python run (another environment: the pool cannot
 			// serve it) and a pooled one measure both kinds of runs.
