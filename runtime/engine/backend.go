@@ -66,6 +66,15 @@ type Prioritizer interface {
 	Foreground()
 }
 
+// CPUMeter is the optional capability of a Sandbox that can tell the CPU
+// time its processes have used so far. The pool uses it to know how far a
+// refill running in the background got: its CPU, unlike its age, does not
+// depend on how much CPU runs left it.
+type CPUMeter interface {
+	// CPUUsed is the CPU time (user and system) the sandbox used so far.
+	CPUUsed() (time.Duration, error)
+}
+
 // Sandbox is one started sandbox. Its agent speaks the protocol of package
 // agent: JSON requests on Requests, JSON events on Events. The engine owns
 // that protocol; the backend only carries the bytes and the sandbox's life.

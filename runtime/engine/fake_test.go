@@ -33,6 +33,7 @@ type fakeBackend struct {
 
 	live sync.WaitGroup
 	n    atomic.Int64 // started and not yet destroyed
+	cpu  atomic.Int64 // the CPU (ns) each new sandbox reports used at first
 }
 
 var _ engine.Backend = (*fakeBackend)(nil)
@@ -72,6 +73,7 @@ func (f *fakeBackend) start(spec engine.StartSpec, restoredFrom string, ready bo
 		b: f, id: fmt.Sprintf("fake-%d", len(f.boxes)+1), spec: spec, restoredFrom: restoredFrom, readyErr: f.readyErr,
 		killed: make(chan struct{}), exited: make(chan struct{}),
 	}
+	sb.cpu.Store(f.cpu.Load())
 	sb.reqR, sb.reqW = io.Pipe()
 	sb.evR, sb.evW = io.Pipe()
 	f.boxes = append(f.boxes, sb)
@@ -142,14 +144,20 @@ type fakeSandbox struct {
 	markMu sync.Mutex
 	marks  []string // MarkPooled calls, in order
 
-	foreground atomic.Bool // Foreground was called
+	foreground atomic.Bool  // Foreground was called
+	cpu        atomic.Int64 // CPUUsed, in nanoseconds
 }
 
 var (
 	_ engine.Sandbox     = (*fakeSandbox)(nil)
 	_ engine.PoolMarker  = (*fakeSandbox)(nil)
 	_ engine.Prioritizer = (*fakeSandbox)(nil)
+	_ engine.CPUMeter    = (*fakeSandbox)(nil)
 )
+
+// CPUUsed is what the test set in cpu, or the backend's cpu when the
+// sandbox started.
+func (s *fakeSandbox) CPUUsed() (time.Duration, error) { return time.Duration(s.cpu.Load()), nil }
 
 // Foreground records that the sandbox was raised to a run's priority.
 func (s *fakeSandbox) Foreground() { s.foreground.Store(true) }

@@ -60,8 +60,9 @@ type PoolConfig struct {
 	//
 	// Without it, such a run takes a refill under way only when the pool
 	// expects it to be ready sooner than a cold start would be (from the
-	// durations it has seen of both; see adoptable), and starts cold
-	// otherwise.
+	// CPU, where the backend meters it, or the durations it has seen of
+	// both; see adoptable), raising it to a run's priority, and starts
+	// cold otherwise.
 	AwaitRefill time.Duration
 }
 
@@ -126,6 +127,21 @@ type poolLang struct {
 	// its agent answered: what decides whether a run that finds the pool
 	// empty waits for a refill under way.
 	refillTook, coldTook time.Duration
+	// refillCPU is a moving average of the CPU time a refill's sandbox
+	// used until ready, where the backend tells it (CPUMeter): how far a
+	// refill under way got is the CPU it used against it.
+	refillCPU time.Duration
+	// coldRunMin and warmRunMin are the shortest runs seen, from the
+	// request until the answer, in a cold sandbox and in a pooled one:
+	// the least a pooled sandbox saves a run (the interpreter's start),
+	// whatever the program.
+	coldRunMin, warmRunMin time.Duration
+	// coldCPUMin is the least CPU a cold one-shot sandbox used from its
+	// start until its answer, and warmRunCPUMin the least a pooled one
+	// used from the request until the answer, where the backend tells
+	// (CPUMeter): what a cold start costs a run more than a pooled
+	// sandbox, in the unit a refill's progress is known in.
+	coldCPUMin, warmRunCPUMin time.Duration
 }
 
 // refill is one refill under way, once it starts its sandbox: the
@@ -138,6 +154,11 @@ type refill struct {
 	// (Prioritizer): how far it got then depends on the CPU runs left it,
 	// not on the time it has run, and no run waits for it.
 	background bool
+	// used reads the CPU time its sandbox used so far (CPUMeter), and
+	// raise gives it a run's CPU priority (Prioritizer); each is nil until
+	// its sandbox has started, or if the backend cannot.
+	used  func() (time.Duration, error)
+	raise func()
 }
 
 func newPool(e *Engine, cfg PoolConfig) (*pool, error) {
@@ -229,12 +250,16 @@ func (p *pool) take(job sandbox.Job) *box {
 		wait := p.cfg.AwaitRefill
 		if wait <= 0 {
 			if claim == nil || !slices.Contains(pl.refills, claim) {
-				if claim = pl.adoptable(time.Now()); claim == nil {
+				if claim = pl.adoptable(time.Now(), p.running+1 < p.cpus); claim == nil {
 					break
 				}
 				// It will be ready sooner than a cold start: it becomes
-				// this run's.
+				// this run's, at a run's priority.
 				claim.claimed = true
+				if claim.raise != nil {
+					claim.raise()
+					claim.background = false
+				}
 			}
 			wait = startTimeout
 		}
@@ -320,6 +345,37 @@ func (p *pool) observeCold(language string, d time.Duration) {
 	}
 }
 
+// observeRun records how long a one-shot run of language took from its
+// request until its answer, in a cold sandbox or a pooled one, and the CPU
+// its sandbox used (0: not known): a cold one's from its start until the
+// answer, a pooled one's from the request.
+func (p *pool) observeRun(language string, cold bool, d, cpu time.Duration) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pl := p.langs[language]
+	if pl == nil {
+		return
+	}
+	least, leastCPU := &pl.warmRunMin, &pl.warmRunCPUMin
+	if cold {
+		least, leastCPU = &pl.coldRunMin, &pl.coldCPUMin
+	}
+	lower(least, d)
+	if cpu > 0 {
+		lower(leastCPU, cpu)
+	}
+}
+
+// lower sets *least (zero: none yet) to d if d is less.
+func lower(least *time.Duration, d time.Duration) {
+	if *least == 0 || d < *least {
+		*least = d
+	}
+}
+
 // average moves a moving average avg (zero: none yet) towards d.
 func average(avg, d time.Duration) time.Duration {
 	if avg == 0 {
@@ -329,32 +385,72 @@ func average(avg, d time.Duration) time.Duration {
 }
 
 // adoptable returns the refill under way that a run finding the pool empty
-// at now should wait for, or nil if it should start cold: the oldest one
-// no other run waits for and that runs at a run's priority, if it is
-// expected to be ready before a cold start would be — its expected
-// duration minus the time it has run is below a cold start's. Until both
-// durations have been measured, runs start cold, as they would without a
-// pool. p.mu is held.
+// at now should wait for, or nil if it should start cold: of those no
+// other run waits for, the one that has least left to do against what a
+// cold start would cost the run, if that is less. Until that cost has
+// been measured, runs start cold, as they would without a pool. p.mu is
+// held.
 //
-// Here a restore and its prime take about 430 ms on an idle host and a
-// cold sandbox is ready in 150-240 ms, so a run would wait only for a
-// restore more than half done. A background refill's progress is not
-// known from its time (it got the CPU runs left idle, perhaps none): a
-// run that waited for one, measured, took 1-2 s where a cold start took
-// 0.3-0.5 s on the same loaded host, so runs never wait for those.
-func (pl *poolLang) adoptable(now time.Time) *refill {
-	if pl.refillTook == 0 || pl.coldTook == 0 {
-		return nil
+// Where the backend meters CPU (CPUMeter), both are CPU: what a refill
+// uses until ready minus what this one used, against what a cold sandbox
+// uses until it answered minus what a pooled run uses. A refill in the
+// background gets only the CPU runs leave idle, so its age says nothing
+// of its progress (a run that waited for one by its age, measured, took
+// 1-2 s where a cold start took 0.3-0.5 s on the same loaded host); and
+// comparing its CPU left with a cold start's duration, measured, made
+// every miss wait on a loaded host (load 7-12: misses 309 ms against 281
+// ms with the pool off), since load stretches durations and not CPU.
+// Here a restore and its prime use 230-300 ms of CPU and take about as
+// long in the foreground; a cold sandbox until it answered print(1) uses
+// about 165 ms.
+//
+// Otherwise, for a refill at a run's priority, both are durations: a
+// refill's minus this one's age, against a cold start's (coldTook) plus
+// the interpreter start a pooled sandbox saves (coldRunMin minus
+// warmRunMin).
+//
+// A background refill is judged by its CPU only if cpuFree says that a
+// CPU would idle beside this run: a restore uses more CPU than a cold
+// start (here 230-300 ms against 165), so where runs take every CPU,
+// sandboxes made by refills instead of cold starts cost runs CPU
+// (measured at concurrency 2, load 20: pool on/off 1.02 against 1.24
+// without adoption by CPU).
+func (pl *poolLang) adoptable(now time.Time, cpuFree bool) *refill {
+	var best *refill
+	var bestShare float64
+	for _, r := range pl.refills {
+		if r.claimed {
+			continue
+		}
+		left, cold, ok := pl.remaining(r, now, cpuFree)
+		if !ok || left >= cold {
+			continue
+		}
+		if share := float64(left) / float64(cold); best == nil || share < bestShare {
+			best, bestShare = r, share
+		}
 	}
-	i := slices.IndexFunc(pl.refills, func(r *refill) bool { return !r.claimed && !r.background })
-	if i < 0 {
-		return nil
+	return best
+}
+
+// remaining estimates what the refill r has left to do at a run's
+// priority and what a cold start would cost the run instead, in the same
+// unit (CPU, if cpuFree, or time; see adoptable), or says that it cannot.
+// p.mu is held.
+func (pl *poolLang) remaining(r *refill, now time.Time, cpuFree bool) (left, cold time.Duration, ok bool) {
+	if cpuFree && r.used != nil && pl.refillCPU > 0 && pl.coldCPUMin > pl.warmRunCPUMin {
+		if used, err := r.used(); err == nil {
+			return pl.refillCPU - used, pl.coldCPUMin - pl.warmRunCPUMin, true
+		}
 	}
-	r := pl.refills[i]
-	if remaining := pl.refillTook - now.Sub(r.start); remaining >= pl.coldTook {
-		return nil
+	if r.background || pl.refillTook == 0 || pl.coldTook == 0 {
+		return 0, 0, false
 	}
-	return r
+	cold = pl.coldTook
+	if pl.warmRunMin > 0 && pl.coldRunMin > pl.warmRunMin {
+		cold += pl.coldRunMin - pl.warmRunMin
+	}
+	return pl.refillTook - now.Sub(r.start), cold, true
 }
 
 // foreground raises sp to the CPU priority of any run, if its backend has
@@ -519,11 +615,21 @@ func (p *pool) begin(pl *poolLang) *refill {
 
 // end records the refill r of pl as over, with *sp its sandbox or nil.
 func (p *pool) end(pl *poolLang, r *refill, sp **box) {
+	took := time.Since(r.start)
+	var cpu time.Duration
+	if *sp != nil {
+		if m, ok := (*sp).sb.(CPUMeter); ok {
+			cpu, _ = m.CPUUsed()
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	pl.refills = slices.DeleteFunc(pl.refills, func(o *refill) bool { return o == r })
 	if *sp != nil {
-		pl.refillTook = average(pl.refillTook, time.Since(r.start))
+		pl.refillTook = average(pl.refillTook, took)
+		if cpu > 0 {
+			pl.refillCPU = average(pl.refillCPU, cpu)
+		}
 	}
 }
 
@@ -536,9 +642,15 @@ func (p *pool) startRefillBox(pl *poolLang, image string, r *refill) (*box, erro
 	if err != nil || r == nil {
 		return sp, err
 	}
-	_, background := sp.sb.(Prioritizer)
+	prio, background := sp.sb.(Prioritizer)
 	p.mu.Lock()
 	r.background = background
+	if background {
+		r.raise = prio.Foreground
+	}
+	if m, ok := sp.sb.(CPUMeter); ok {
+		r.used = m.CPUUsed
+	}
 	p.mu.Unlock()
 	return sp, nil
 }

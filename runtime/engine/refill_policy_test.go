@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -104,4 +105,85 @@ func TestPoolMissStartsColdUnmeasured(t *testing.T) {
 	}
 	h.free()
 	eventually(t, "the refill lands", func() bool { return e.PoolSizes()["python"] == 1 })
+}
+
+// holdWarm answers like printCode, except that a warm-up answers only
+// once the gate that hold returns at that moment is closed (nil: at once).
+func holdWarm(hold func() <-chan struct{}) handler {
+	return func(a *fakeAgent, req agent.Request) []agent.Event {
+		if req.Op == agent.OpWarm {
+			if gate := hold(); gate != nil {
+				<-gate
+			}
+		}
+		return printCode(a, req)
+	}
+}
+
+// TestPoolAdoptsRefillByCPU: a run that finds the pool empty while a
+// background refill is under way waits for that refill, raised to a run's
+// priority, when the CPU the refill used says it is nearly done and a CPU
+// is free beside the run; when it has used little, or the run takes the
+// last CPU, the run starts cold and the refill stays in the background.
+func TestPoolAdoptsRefillByCPU(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		used  time.Duration // by the refill under way when the run comes
+		cpus  int
+		adopt bool
+	}{
+		{"nearly done", 300 * time.Millisecond, 2, true},
+		{"just begun", 0, 2, false},
+		{"nearly done, but the run takes the only CPU", 300 * time.Millisecond, 1, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var gate chan struct{}
+			b := newFake(holdWarm(func() <-chan struct{} { mu.Lock(); defer mu.Unlock(); return gate }))
+			b.cpu.Store(int64(300 * time.Millisecond)) // what a refill uses until ready
+			e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: tc.cpus}})
+			eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+			// A cold Python run (another environment: the pool cannot
+			// serve it) and a pooled one measure both kinds of runs.
+			if res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x", Env: []string{"A=1"}}); res.Status != sandbox.StatusOK {
+				t.Fatalf("cold run: %s: %s", res.Status, res.Message)
+			}
+			b.cpu.Store(0)
+			mu.Lock()
+			gate = make(chan struct{})
+			mu.Unlock()
+			open := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				if gate != nil {
+					close(gate)
+					gate = nil
+				}
+			}
+			t.Cleanup(open) // before the engine's close, which waits for the refill
+			if res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"}); res.Status != sandbox.StatusOK || res.SandboxID != b.sandboxes()[0].id {
+				t.Fatalf("pooled run: %s in %s: %s", res.Status, res.SandboxID, res.Message)
+			}
+			eventually(t, "the refill starts", func() bool { return len(b.sandboxes()) == 3 })
+			refill := b.sandboxes()[2]
+			refill.cpu.Store(int64(tc.used))
+			done := runAsync(e, sandbox.Job{Language: "python", Code: "x"})
+			if tc.adopt {
+				eventually(t, "the run raises the refill it waits for", refill.foreground.Load)
+			} else {
+				eventually(t, "the run starts cold", func() bool { return len(b.sandboxes()) == 4 })
+			}
+			open()
+			res := <-done
+			if res.Status != sandbox.StatusOK {
+				t.Fatalf("the run: %s: %s", res.Status, res.Message)
+			}
+			if adopted := res.SandboxID == refill.id; adopted != tc.adopt {
+				t.Errorf("the run ran in %s (the refill is %s): adopted %v, want %v", res.SandboxID, refill.id, adopted, tc.adopt)
+			}
+			if !tc.adopt && refill.foreground.Load() {
+				t.Error("a refill no run took was raised to the foreground")
+			}
+		})
+	}
 }

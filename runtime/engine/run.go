@@ -72,7 +72,8 @@ func (e *Engine) cleanUp(b *box, pooled bool) {
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
 func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) (out sandbox.Result) {
-	if b.current() == statusStarting {
+	cold := b.current() == statusStarting
+	if cold {
 		observe := func(d time.Duration) {
 			e.pool.observeCold(job.Language, d)
 			if e.cfg.ObserveStart != nil {
@@ -93,8 +94,16 @@ func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sand
 	req := e.request(job, lang)
 	stdout, stderr := newStreams(job)
 	b.mark("request")
+	asked, cpuAsked := time.Now(), cpuUsed(b.sb, !cold)
 	exit, end := b.request(ctx, req, e.eventBudget(job), job.Limits.Timeout+killGrace, stdout, stderr)
 	b.mark("answered")
+	if exit != nil && exit.Error == "" {
+		var cpu time.Duration
+		if used := cpuUsed(b.sb, e.pool != nil); used > cpuAsked {
+			cpu = used - cpuAsked
+		}
+		e.pool.observeRun(job.Language, cold, time.Since(asked), cpu)
+	}
 	if exit == nil {
 		// Whatever ended the sandbox, its usage has the last word only
 		// once its processes are gone.
@@ -314,4 +323,15 @@ func (s *stream) result(claimed int64, tail []byte) (text string, truncated bool
 // stream from which bytes were dropped.
 func OmittedMarker(n int64) string {
 	return "\n[... safe-run omitted " + strconv.FormatInt(n, 10) + " bytes of output ...]\n"
+}
+
+// cpuUsed reads the CPU sb used so far if want says so and its backend
+// can tell (CPUMeter), and is 0 otherwise.
+func cpuUsed(sb Sandbox, want bool) time.Duration {
+	if m, ok := sb.(CPUMeter); ok && want {
+		if d, err := m.CPUUsed(); err == nil {
+			return d
+		}
+	}
+	return 0
 }

@@ -288,6 +288,35 @@ func (c *runCgroup) memoryUsage() (int64, error) {
 	return n, nil
 }
 
+// cpuUsed reads the CPU time the cgroup's processes used (v2 cpu.stat
+// usage_usec, v1 cpuacct.usage in nanoseconds).
+func (c *runCgroup) cpuUsed() (time.Duration, error) {
+	if dir, ok := c.paths[""]; ok {
+		data, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
+		if err != nil {
+			return 0, fmt.Errorf("read CPU usage: %w", err)
+		}
+		us, err := keyedValue(data, "usage_usec")
+		if err != nil {
+			return 0, fmt.Errorf("read CPU usage from cpu.stat: %w", err)
+		}
+		return time.Duration(us) * time.Microsecond, nil
+	}
+	dir, ok := c.paths["cpuacct"]
+	if !ok {
+		return 0, errors.New("read CPU usage: the run has no cpuacct cgroup")
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "cpuacct.usage"))
+	if err != nil {
+		return 0, fmt.Errorf("read CPU usage: %w", err)
+	}
+	ns, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("read CPU usage from cpuacct.usage: %w", err)
+	}
+	return time.Duration(ns), nil
+}
+
 // CPU weights of a run's cgroup: background for a warm pool refill, which
 // takes only CPU that runs leave idle, and the kernel's default for any
 // other. v1 cpu.shares range 2..262144 (default 1024), v2 cpu.weight

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -147,4 +148,39 @@ func BenchmarkCgroupUsage(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestCgroupCPUUsed reads the CPU a run used from v2's cpu.stat
+// (microseconds) and v1's cpuacct.usage (nanoseconds).
+func TestCgroupCPUUsed(t *testing.T) {
+	for _, tc := range []struct {
+		name, file, data string
+		v2, wantErr      bool
+	}{
+		{name: "v2", file: "cpu.stat", data: "usage_usec 231500\nuser_usec 150000\nsystem_usec 81500\n", v2: true},
+		{name: "v2 without usage_usec", file: "cpu.stat", data: "user_usec 1\n", v2: true, wantErr: true},
+		{name: "v1", file: "cpuacct.usage", data: "231500000\n"},
+		{name: "v1 garbled", file: "cpuacct.usage", data: "x\n", wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, tc.file), []byte(tc.data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			cg := &runCgroup{paths: map[string]string{"cpuacct": dir, "memory": t.TempDir()}}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			d, err := cg.cpuUsed()
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("cpuUsed: err %v, want error %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && d != 231500*time.Microsecond {
+				t.Errorf("cpuUsed = %v, want 231.5ms", d)
+			}
+		})
+	}
+	if _, err := (&runCgroup{}).cpuUsed(); err == nil {
+		t.Error("cpuUsed without a cgroup: no error")
+	}
 }

@@ -62,6 +62,7 @@ var (
 	_ engine.Sandbox     = (*sandboxProc)(nil)
 	_ engine.PoolMarker  = (*sandboxProc)(nil)
 	_ engine.Prioritizer = (*sandboxProc)(nil)
+	_ engine.CPUMeter    = (*sandboxProc)(nil)
 )
 
 func (p *sandboxProc) ID() string                { return p.id }
@@ -69,6 +70,14 @@ func (p *sandboxProc) Requests() io.Writer       { return p.stdin }
 func (p *sandboxProc) Events() io.ReadCloser     { return p.stdout }
 func (p *sandboxProc) Exited() <-chan struct{}   { return p.exited }
 func (p *sandboxProc) MemoryNow() (int64, error) { return p.memoryUsage() }
+
+// CPUUsed reads the CPU time the sandbox's cgroup used so far.
+func (p *sandboxProc) CPUUsed() (time.Duration, error) {
+	if p.cg == nil {
+		return 0, errors.New("read CPU usage: the sandbox has no cgroup")
+	}
+	return p.cg.cpuUsed()
+}
 
 // Ready finds the sentry for the memory watch, if there is one: a sandbox
 // whose memory cannot be watched must not be used.

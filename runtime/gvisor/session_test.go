@@ -255,3 +255,41 @@ func TestReapStale(t *testing.T) {
 	<-p.exited // the reaper killed runsc
 	assertNothingLeft(t, rt2, []string{p.id})
 }
+
+// TestBackgroundSandboxCPU: a refill's sandbox starts at the lowest CPU
+// weight, reports the CPU its cgroup used (what the pool judges its
+// progress by), and gets a run's weight when raised.
+func TestBackgroundSandboxCPU(t *testing.T) {
+	rt := newTestRuntime(t, sandbox.Policy{})
+	p, err := rt.g.startSandbox(engine.StartSpec{Job: sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, KeepAlive: true, Background: true}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Destroy()
+	if _, err := bufio.NewReader(p.Events()).ReadString('\n'); err != nil {
+		t.Fatalf("no Ready event from the agent: %v", err)
+	}
+	used, err := p.CPUUsed()
+	if err != nil || used <= 0 {
+		t.Fatalf("CPUUsed after the agent started = %v, %v; want some CPU", used, err)
+	}
+	shares := func() string {
+		if dir, ok := p.cg.paths[""]; ok {
+			data, _ := os.ReadFile(filepath.Join(dir, "cpu.weight"))
+			return strings.TrimSpace(string(data))
+		}
+		data, _ := os.ReadFile(filepath.Join(p.cg.paths["cpu"], "cpu.shares"))
+		return strings.TrimSpace(string(data))
+	}
+	if got := shares(); got != cpuSharesBackground && got != cpuWeightBackground {
+		t.Errorf("a background sandbox's CPU weight is %q", got)
+	}
+	p.Foreground()
+	if got := shares(); got != cpuSharesDefault && got != cpuWeightDefault {
+		t.Errorf("a raised sandbox's CPU weight is %q", got)
+	}
+	if err := p.Destroy(); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, rt, nil)
+}

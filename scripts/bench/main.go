@@ -80,7 +80,10 @@ func main() {
 	flag.Var(&compare, "compare", "with -cold: another safe-run binary measured in the same turns, e.g. a build of the commit before a change (repeatable)")
 	cpuOnly := flag.Bool("cpu", false, "measure only the CPU rows: raw `runsc run`, cold `safe-run run`, a restore and its prime, a warm call all in (-cpu-runs each)")
 	warmOnly := flag.Bool("warm", false, "measure only the warm rows (-runs spaced calls per language); with -baseline, also the safe-run binaries in that directory, call by call in turn")
-	baseline := flag.String("baseline", "", "with -warm or -cpu: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
+	burstOnly := flag.Bool("burst-only", false, "measure only the burst series (-burst calls back to back, pool on and off, -rounds times); with -baseline, also the binaries in that directory, burst by burst in turn")
+	rounds := flag.Int("rounds", 3, "-burst-only: bursts of each build and pool")
+	burstThroughput := flag.Bool("burst-throughput", false, "-burst-only: also the throughput rows pool on and off at concurrency 1, 2 and 4 (-throughput-runs each, -rounds times)")
+	baseline := flag.String("baseline", "", "with -warm, -cpu or -burst-only: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
 	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent, shim and runsc beside it), e.g. an earlier commit's, whose warm row is measured in the same turns")
@@ -124,6 +127,10 @@ func main() {
 	}
 	if *monitorOnly {
 		monitorMain(o)
+		return
+	}
+	if *burstOnly {
+		burstMain(o, *baseline, *rounds, *burstThroughput)
 		return
 	}
 	if *warmOnly {
