@@ -153,7 +153,8 @@ process.emit = function (event, ...args) {
     let code = process.exitCode === undefined ? args[0] : process.exitCode;
     code = (Number(code) | 0) & 0xff;
     try { process.title = `srexit:${code}`; } catch { /* the agent sees the exit */ }
-    for (const fd of [0, 1, 2]) {
+    // Stdout last: the agent waits for its end alone (see warm.py).
+    for (const fd of [2, 0, 1]) {
       try { fs.closeSync(fd); } catch { /* already closed by the program */ }
     }
     process.reallyExit(code);
