@@ -123,7 +123,7 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 			res.timedOut = !res.exited
 			break
 		}
-		ended := false
+		ended, held := false, false
 		for _, p := range fds {
 			if p.Revents == 0 {
 				continue
@@ -137,7 +137,16 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 					time.Sleep(50 * time.Microsecond) // exited, not yet a zombie
 				}
 			case c.stdout:
-				c.stdout = readInto(c.stdout, buf, stdout)
+				if events != 0 {
+					c.stdout = readInto(c.stdout, buf, stdout)
+					break
+				}
+				// Its hang-up, in the lazy window: most likely the run's
+				// end. What the pipes hold goes with the Exit, in one
+				// write, unless the run goes on (see releaseEvents).
+				s.holdEvents()
+				held = true
+				c.stdout = readAvailable(c.stdout, buf, stdout)
 			case c.stderr:
 				c.stderr = readInto(c.stderr, buf, stderr)
 			}
@@ -154,6 +163,9 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 		if ended {
 			break
+		}
+		if held {
+			_ = s.releaseEvents() // a failed write shows at the Exit's
 		}
 	}
 	if res.exited && c.report >= 0 {
