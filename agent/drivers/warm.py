@@ -73,6 +73,9 @@ import ctypes  # noqa: E402
 
 _prctl = ctypes.CDLL(None, use_errno=True).prctl
 PR_SET_NAME = 15
+# A sleep that keeps the interpreter's lock (see finish): through PyDLL,
+# which does not release it around the call.
+_usleep_locked = ctypes.PyDLL(None).usleep
 
 
 def read_message():
@@ -153,6 +156,7 @@ def prime():
         # The end of a run names the process through ctypes: the first
         # call after a restore maps libffi's pages back. The name stays.
         _prctl(PR_SET_NAME, b"python3", 0, 0, 0)
+        _usleep_locked(0)
         sys.stdout.flush()
         sys.stderr.flush()
         rehearse_exit()
@@ -304,6 +308,15 @@ def finish(code, interrupted):
             os.close(fd)
         except OSError:
             pass
+    # Exit only after a moment, which the agent's kill, sent once its Exit
+    # is on its way, usually cuts short: the exit of an interpreter with
+    # numpy loaded keeps the sandbox busy for 10-15 ms, and begun now it
+    # slowed the agent's end of the run by about 1 ms. When a process the
+    # program left holds the stdio, the agent waits for this exit instead,
+    # which then comes this much later. The sleep keeps the interpreter's
+    # lock, so that the program's daemon threads stay as still as an exit
+    # would leave them.
+    _usleep_locked(10000)
     # Skip the interpreter's teardown of every module: the sandbox is
     # destroyed next, and nothing the user can see happens there.
     os._exit(code)
