@@ -114,6 +114,23 @@ func (s *server) holdEvents() {
 	s.mu.Unlock()
 }
 
+// releaseEvents sends the Output events held since holdEvents, and sends
+// the next ones as they come.
+func (s *server) releaseEvents() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.hold = false
+	if s.buf.Len() == 0 {
+		return nil
+	}
+	_, err := s.w.Write(s.buf.Bytes())
+	s.buf.Reset()
+	if err != nil {
+		return fmt.Errorf("send event: %w", err)
+	}
+	return nil
+}
+
 // handle carries out one request.
 func (s *server) handle(req *Request) *Exit {
 	switch req.Op {

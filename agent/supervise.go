@@ -103,7 +103,14 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 			events = 0
 		}
 		if events != 0 || c.named {
-			for _, fd := range []int{c.stdout, c.stderr} {
+			pipes := []int{c.stdout, c.stderr}
+			if events == 0 && c.stdout >= 0 {
+				// A warm driver closes stdout last: its hang-up alone
+				// wakes the agent, which then finds stderr's end
+				// without waiting again (see readAvailable below).
+				pipes = pipes[:1]
+			}
+			for _, fd := range pipes {
 				if fd >= 0 {
 					fds = append(fds, unix.PollFd{Fd: int32(fd), Events: events})
 				}
@@ -116,7 +123,7 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 			res.timedOut = !res.exited
 			break
 		}
-		ended := false
+		ended, held := false, false
 		for _, p := range fds {
 			if p.Revents == 0 {
 				continue
@@ -130,10 +137,22 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 					time.Sleep(50 * time.Microsecond) // exited, not yet a zombie
 				}
 			case c.stdout:
-				c.stdout = readInto(c.stdout, buf, stdout)
+				if events != 0 {
+					c.stdout = readInto(c.stdout, buf, stdout)
+					break
+				}
+				// Its hang-up, in the lazy window: most likely the run's
+				// end. What the pipes hold goes with the Exit, in one
+				// write, unless the run goes on (see releaseEvents).
+				s.holdEvents()
+				held = true
+				c.stdout = readAvailable(c.stdout, buf, stdout)
 			case c.stderr:
 				c.stderr = readInto(c.stderr, buf, stderr)
 			}
+		}
+		if !ended && c.named && c.stdout < 0 && c.stderr >= 0 {
+			c.stderr = readAvailable(c.stderr, buf, stderr)
 		}
 		if !ended && c.named && c.stdout < 0 && c.stderr < 0 {
 			c.named = false // asked once: the pipes cannot open again
@@ -144,6 +163,9 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 		if ended {
 			break
+		}
+		if held {
+			_ = s.releaseEvents() // a failed write shows at the Exit's
 		}
 	}
 	if res.exited && c.report >= 0 {
@@ -293,6 +315,29 @@ func readInto(fd int, buf []byte, c *streamCapture) int {
 	if n == 0 || (err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR)) {
 		unix.Close(fd)
 		return -1
+	}
+	return fd
+}
+
+// readAvailable reads what the pipe fd holds without waiting, and closes
+// it at its end: a warm driver closes stderr before stdout, so when
+// stdout has ended, stderr's end is usually already there. It reads at
+// most maxDrain bytes, so that a process that keeps writing cannot hold
+// the agent here; what it leaves, the poll loop takes.
+func readAvailable(fd int, buf []byte, c *streamCapture) int {
+	for read := 0; fd >= 0 && read < maxDrain; {
+		n, err := unix.Read(fd, buf)
+		switch {
+		case n > 0:
+			_ = c.add(buf[:n])
+			read += n
+		case errors.Is(err, unix.EINTR):
+		case errors.Is(err, unix.EAGAIN):
+			return fd // someone still holds it open
+		default: // its end, or a pipe that cannot be read
+			unix.Close(fd)
+			return -1
+		}
 	}
 	return fd
 }

@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -276,8 +277,37 @@ func (s *server) prime(timeout time.Duration) *Exit {
 	if err := w.await("primed", timeout); err != nil {
 		return &Exit{Code: -1, Error: "the warm interpreter " + err.Error()}
 	}
+	s.rehearseRun(w)
 	runtime.GC()
 	return &Exit{Duration: time.Since(start)}
+}
+
+// primeRequest is a run request as the engine sends one, which the prime
+// decodes and drops.
+var primeRequest = []byte(`{"files":[{"path":"main.py","data":"cHJpbnQoMSkK","mode":420}],` +
+	`"argv":["python3","main.py"],"env":["A=1"],"stdin":"MQ==","timeout":1000000000,` +
+	`"output_bytes":1048576,"collect":{"dir":"out","max_files":1,"max_file_bytes":1,"max_total_bytes":1}}`)
+
+// rehearseRun goes through the agent's own part of a warm run, without
+// its effects: the restored agent's code and data are mapped back as they
+// are first touched, as the interpreter's are, and the run would pay for
+// it between the request and the driver's message and between the
+// driver's end and the Exit. It decodes a request, reads the driver's name
+// as at its end, looks into the workspace as before a collection, and
+// encodes the events of a run into nothing.
+func (s *server) rehearseRun(w *warmProgram) {
+	var req Request
+	_ = json.Unmarshal(primeRequest, &req)
+	_, _ = driverFile(&req)
+	_ = runMessage(&File{Path: "main.py", Data: req.Stdin}, "out", false, req.Argv)
+	_, _ = endName(w.pid)
+	_ = emptyDir(s.cfg.Workdir, ".")
+	var discard bytes.Buffer
+	enc := json.NewEncoder(&discard)
+	c := &streamCapture{Capture: Capture{Max: req.OutputBytes}, stream: Stdout, send: func(ev Event) error { return enc.Encode(ev) }}
+	_ = c.add([]byte("1\n"))
+	exit := finishCaptures(&Exit{Duration: time.Millisecond}, c, c)
+	_ = enc.Encode(Event{Exit: exit})
 }
 
 // await reads the driver's next answer and checks that it is want.
