@@ -107,8 +107,7 @@ func (s *server) warm(req *Request) *Exit {
 	}
 	start := time.Now()
 	if err := w.await("ready", req.Timeout); err != nil {
-		_ = unix.Kill(-w.pid, unix.SIGKILL)
-		w.close()
+		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm %s interpreter %v", req.Interpreter, err), Duration: time.Since(start)}
 	}
 	s.warmed = w
@@ -225,8 +224,7 @@ func (s *server) warmBash(req *Request) *Exit {
 	}
 	w.shell, w.argv, w.env = true, slices.Clone(req.Argv), slices.Clone(req.Env)
 	if err := w.await("ready", req.Timeout); err != nil {
-		_ = unix.Kill(-w.pid, unix.SIGKILL)
-		w.close()
+		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm bash %v", err), Duration: time.Since(start)}
 	}
 	s.warmed = w
@@ -255,6 +253,13 @@ func hookable(env []string) bool {
 		}
 	}
 	return true
+}
+
+// kill ends the warm program's process group and closes the agent's ends
+// of its descriptors.
+func (w *warmProgram) kill() {
+	_ = unix.Kill(-w.pid, unix.SIGKILL)
+	w.close()
 }
 
 // close closes the agent's ends of the driver's descriptors.
@@ -444,16 +449,14 @@ func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error
 	outDir := ""
 	if req.Collect != nil {
 		if !filepath.IsLocal(req.Collect.Dir) {
-			w.close()
-			_ = unix.Kill(-w.pid, unix.SIGKILL)
+			w.kill()
 			return nil, fmt.Errorf("create %s: path leaves the workspace", req.Collect.Dir)
 		}
 		outDir = filepath.Clean(req.Collect.Dir)
 	}
 	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: w.status, named: true, stdout: w.stdout, stderr: w.stderr}
 	if err := c.watchExit(-1); err != nil {
-		w.close()
-		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		w.kill()
 		return nil, err
 	}
 	feedStdin(w.stdin, req.Stdin)
@@ -470,15 +473,17 @@ func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error
 func (s *server) launchShell(w *warmProgram, req *Request) (*child, error) {
 	c := &child{pid: w.pid, done: w.done, pidfd: -1, report: -1, stdout: w.stdout, stderr: w.stderr}
 	unix.Close(w.status) // the hook closes its end before the script runs
+	w.status = -1
 	if err := c.watchExit(-1); err != nil {
-		w.close()
-		_ = unix.Kill(-w.pid, unix.SIGKILL)
+		w.kill()
 		return nil, err
 	}
 	feedStdin(w.stdin, req.Stdin)
-	// A seed for RANDOM from the kernel: the shell's own was drawn before
-	// the checkpoint every pooled sandbox is restored from. If the shell
-	// died, the write fails (EPIPE) and its exit tells the rest.
+	// A seed for RANDOM from the kernel, drawn for this run: the shell's
+	// own was drawn at its start, which every sandbox restored from one
+	// checkpoint would share (Bash sandboxes are not checkpointed today;
+	// see engine's checkpointable). If the shell died, the write fails
+	// (EPIPE) and its exit tells the rest.
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
 	_ = writeFull(w.cmd, fmt.Appendf(nil, "run 0 %d\n", binary.LittleEndian.Uint32(seed[:])>>1))
@@ -497,7 +502,6 @@ func (w *warmProgram) serves(req *Request) bool {
 func (s *server) discardWarm() {
 	if w := s.warmed; w != nil {
 		s.warmed = nil
-		_ = unix.Kill(-w.pid, unix.SIGKILL)
-		w.close()
+		w.kill()
 	}
 }
