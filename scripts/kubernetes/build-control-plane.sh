@@ -48,10 +48,7 @@ mkdir -p "$bin"
 # Several trees may build at once (make test-kubernetes in each): one builds,
 # the others wait and then find the binaries there.
 exec 9>"$root/$key/lock"
-if ! flock -n 9; then
-	log "another build holds $root/$key/lock (CI starts one in the background); waiting for it"
-	flock 9
-fi
+flock 9
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/safe-run-control-plane.XXXXXX")
