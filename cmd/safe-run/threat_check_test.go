@@ -46,8 +46,12 @@ func TestThreatCheckHostileDocument(t *testing.T) {
 		}
 		f.Close()
 	}
+	// The fork bomb's timeout leaves it time to reach the process limit
+	// beside the flood (-j 2): its 64 processes took 1.3-2.5 s here, idle or
+	// beside the flood, and a CI runner busier than that once saw 5 s end it
+	// first, with no EAGAIN in its stderr.
 	doc := fmt.Sprintf("# Hostile\n\n"+
-		"```bash timeout=5s\necho started; bomb() { bomb | bomb & }; bomb; sleep 60\n```\n\n"+
+		"```bash timeout=10s\necho started; bomb() { bomb | bomb & }; bomb; sleep 60\n```\n\n"+
 		"```python\nimport sys\nfor _ in range(1600):\n    sys.stdout.write('x' * 65536)\n```\n\n"+
 		"```bash\ncat /etc/shadow %s %s secret.txt ../secret.txt /workspace/secret.txt; env; find / -name 'secret.txt' 2>/dev/null; true\n```\n\n"+
 		"```bash files=allowed.txt\ncat allowed.txt; ls\n```\n\n"+
@@ -102,7 +106,7 @@ func TestThreatCheckHostileDocument(t *testing.T) {
 	cases := suites.Suites[0].Cases
 	if c := cases[0]; c.Failure == nil || c.Failure.Type != "timeout" || c.SystemOut == nil || !strings.Contains(c.SystemOut.Text, "started") ||
 		c.SystemErr == nil || !strings.Contains(c.SystemErr.Text, "Resource temporarily unavailable") {
-		t.Errorf("fork bomb: %+v %+v", c.Failure, c.SystemErr)
+		t.Errorf("fork bomb: failure %+v, stdout %+v, stderr %+v; want a timeout after \"started\" and the process limit's EAGAIN", c.Failure, c.SystemOut, c.SystemErr)
 	}
 	if c := cases[1]; c.Failure != nil || c.SystemOut == nil || len(c.SystemOut.Text) > 80<<10 {
 		t.Errorf("output flood: failure %+v, %d bytes of output kept", c.Failure, len(c.SystemOut.Text))
