@@ -313,6 +313,10 @@ func (c *conn) sniff(t target) ([]byte, error) {
 	c.down.SetReadDeadline(time.Now().Add(wait))
 	defer c.down.SetReadDeadline(time.Time{})
 	buf := make([]byte, 0, 2048)
+	// kind is the protocol the check parses, 443 (TLS) or 80 (HTTP): the
+	// port's on 80 and 443, else what the first bytes look like, decided
+	// once and kept for the reads that complete them.
+	kind := t.port
 	for {
 		if len(buf) == cap(buf) {
 			if len(buf) >= maxSniff {
@@ -323,7 +327,6 @@ func (c *conn) sniff(t target) ([]byte, error) {
 		k, err := c.down.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+k]
 		if len(buf) > 0 {
-			kind := t.port
 			if !required {
 				switch {
 				case buf[0] == 0x16: // TLS handshake record

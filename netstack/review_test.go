@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,25 +92,62 @@ func (s *slowStart) Write(b []byte) (int, error) {
 	return n + k, err
 }
 
-// TestStackSlowClientHelloChecked: on a port other than 80 and 443 a
-// connection whose first bytes are a TLS record gets the SNI check too;
-// a ClientHello sent slower than the peek wait must not pass unchecked.
-func TestStackSlowClientHelloChecked(t *testing.T) {
-	_, tlsSrv := upstream(t)
-	tp := portOf(tlsSrv)
-	sb := newSandbox(t, []string{fmt.Sprintf("tls.test=127.0.0.1:%d", tp)}, egress.Limits{}, loopback)
-	addr, found := sb.lookup(t, "tls.test")
-	if !found {
-		t.Fatal("tls.test not answered")
-	}
-	c, err := sb.Dial(addr, tp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	tc := tls.Client(&slowStart{Conn: c, pause: 3 * peekTimeout}, &tls.Config{ServerName: "evil.test", InsecureSkipVerify: true})
-	if err := tc.Handshake(); err == nil {
-		t.Fatal("a ClientHello naming evil.test, sent in two parts, completed its handshake on tls.test's connection")
+// TestStackSlowFirstBytesChecked: on a port other than 80 and 443 a
+// connection whose first bytes are a TLS record or an HTTP request gets the
+// name check too, however those bytes arrive. A ClientHello or request
+// head sent in two parts, the second after the peek wait, must not pass
+// unchecked; nor may the check lose track of what it is reading: split
+// first bytes once left it waiting for its full wait and then denied the
+// connection as "first bytes incomplete", which a ClientHello larger than
+// one segment (Go's is 1.5 KB) met under load.
+func TestStackSlowFirstBytesChecked(t *testing.T) {
+	plain, tlsSrv := upstream(t)
+	pp, tp := portOf(plain), portOf(tlsSrv)
+	sb := newSandbox(t, []string{fmt.Sprintf("tls.test=127.0.0.1:%d", tp), fmt.Sprintf("ok.test=127.0.0.1:%d", pp)},
+		egress.Limits{}, loopback)
+	for _, tt := range []struct {
+		name, target, sent string
+		tls                bool
+		pause              time.Duration
+		denied             string // the record's reason; "" when the request must work
+	}{
+		{"ClientHello in two parts, right SNI", "tls.test", "tls.test", true, 3 * peekTimeout, ""},
+		{"ClientHello in two parts at once, right SNI", "tls.test", "tls.test", true, 0, ""},
+		{"ClientHello in two parts, SNI of another host", "tls.test", "evil.test", true, 3 * peekTimeout, "SNI names another host"},
+		{"request head in two parts, right Host", "ok.test", "ok.test", false, 3 * peekTimeout, ""},
+		{"request head in two parts, Host of another host", "ok.test", "evil.test", false, 3 * peekTimeout, "Host header names another host"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			addr, found := sb.lookup(t, tt.target)
+			if !found {
+				t.Fatalf("%s not answered", tt.target)
+			}
+			port := pp
+			if tt.tls {
+				port = tp
+			}
+			c, err := sb.Dial(addr, port)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var conn net.Conn = &slowStart{Conn: c, pause: tt.pause}
+			if tt.tls {
+				conn = tls.Client(conn, &tls.Config{ServerName: tt.sent, InsecureSkipVerify: true})
+			}
+			start := time.Now()
+			body, err := get(conn, tt.sent)
+			if tt.denied == "" {
+				if err != nil || body != "hello "+tt.sent {
+					t.Fatalf("GET after %v: %q %v; want the upstream's answer", time.Since(start), body, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("%s, sent in two parts, went through on %s's connection: %q", tt.sent, tt.target, body)
+			}
+			sb.waitRecord(t, func(c egress.Connection) bool {
+				return c.Name == tt.target && c.Decision == egress.Denied && strings.Contains(c.Reason, tt.denied)
+			})
+		})
 	}
 }
