@@ -112,7 +112,7 @@ func TestStackSlowFirstBytesChecked(t *testing.T) {
 		denied             string // the record's reason; "" when the request must work
 	}{
 		{"ClientHello in two parts, right SNI", "tls.test", "tls.test", true, 3 * peekTimeout, ""},
-		{"ClientHello in two parts at once, right SNI", "tls.test", "tls.test", true, 0, ""},
+		{"ClientHello in two parts without a pause, right SNI", "tls.test", "tls.test", true, 0, ""},
 		{"ClientHello in two parts, SNI of another host", "tls.test", "evil.test", true, 3 * peekTimeout, "SNI names another host"},
 		{"request head in two parts, right Host", "ok.test", "ok.test", false, 3 * peekTimeout, ""},
 		{"request head in two parts, Host of another host", "ok.test", "evil.test", false, 3 * peekTimeout, "Host header names another host"},
