@@ -14,10 +14,9 @@ import (
 
 // TestThreatCheckHostileDocument: a checked document is as untrusted as the
 // code of `safe-run run`, and its blocks are contained exactly as run's: a
-// fork bomb meets the process limit and the timeout, an output flood the
-// output cap, and reads of host files (/etc/shadow, the harness's canary,
-// a secret beside the document that files= does not name) find nothing of
-// the host's. Output made to forge report lines or break XML (escape
+// fork bomb meets the process limit, an output flood the output cap, and
+// reads of host files (/etc/shadow, the harness's canary, a secret beside
+// the document that files= does not name) find nothing of the host's. Output made to forge report lines or break XML (escape
 // sequences, workflow commands, ]]>, NUL) leaves the reports well-formed:
 // the JUnit file parses, no control character reaches it or stdout, and the
 // only annotations are check's own. Positive control: the file files=
@@ -46,17 +45,17 @@ func TestThreatCheckHostileDocument(t *testing.T) {
 		}
 		f.Close()
 	}
-	// The fork bomb's timeout leaves it time to reach the process limit
-	// beside the flood (-j 2): its 64 processes took 1.3-2.5 s here, idle or
-	// beside the flood, and a CI runner busier than that once saw 5 s end it
-	// first, with no EAGAIN in its stderr.
+	// The fork bomb ends itself once it has held the process limit a few
+	// seconds (bashForkBomb): how soon it meets the limit depends on the
+	// machine, and beside the flood (-j 2) on a busy CI runner it once took
+	// more than 10 s. The block's timeout is only a backstop.
 	doc := fmt.Sprintf("# Hostile\n\n"+
-		"```bash timeout=10s\necho started; bomb() { bomb | bomb & }; bomb; sleep 60\n```\n\n"+
+		"```bash timeout=60s\n%s```\n\n"+
 		"```python\nimport sys\nfor _ in range(1600):\n    sys.stdout.write('x' * 65536)\n```\n\n"+
 		"```bash\ncat /etc/shadow %s %s secret.txt ../secret.txt /workspace/secret.txt; env; find / -name 'secret.txt' 2>/dev/null; true\n```\n\n"+
 		"```bash files=allowed.txt\ncat allowed.txt; ls\n```\n\n"+
 		"```python\nprint('\\x1b]0;pwned\\x07\\x1b[2J\\n::error file=forged.md,line=1::forged\\n]]><x/>\\x00\\r\\x9b')\n```\n\n```output\nnothing\n```\n",
-		h.canaryFile, secretPath)
+		bashForkBomb, h.canaryFile, secretPath)
 	if err := os.WriteFile(filepath.Join(dir, "hostile.md"), []byte(doc), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +69,7 @@ func TestThreatCheckHostileDocument(t *testing.T) {
 		t.Fatalf("safe-run check: %v", err)
 	}
 	if code := cmd.ProcessState.ExitCode(); code != 1 {
-		t.Fatalf("exit code %d, want 1 (the fork bomb times out, the forged output differs)\n%s", code, out)
+		t.Fatalf("exit code %d, want 1 (the fork bomb exits 3, the forged output differs)\n%s", code, out)
 	}
 	t.Logf("checked in %s", time.Since(start).Round(time.Millisecond))
 
@@ -104,9 +103,9 @@ func TestThreatCheckHostileDocument(t *testing.T) {
 	// The blocks in document order: fork bomb, flood, host files, files=,
 	// forged output.
 	cases := suites.Suites[0].Cases
-	if c := cases[0]; c.Failure == nil || c.Failure.Type != "timeout" || c.SystemOut == nil || !strings.Contains(c.SystemOut.Text, "started") ||
+	if c := cases[0]; c.Failure == nil || c.Failure.Type != "error" || c.SystemOut == nil || !strings.Contains(c.SystemOut.Text, "held at the limit") ||
 		c.SystemErr == nil || !strings.Contains(c.SystemErr.Text, "Resource temporarily unavailable") {
-		t.Errorf("fork bomb: failure %+v, stdout %+v, stderr %+v; want a timeout after \"started\" and the process limit's EAGAIN", c.Failure, c.SystemOut, c.SystemErr)
+		t.Errorf("fork bomb: failure %+v, stdout %+v, stderr %+v; want it to fail with exit code 3 after \"held at the limit\" and the process limit's EAGAIN", c.Failure, c.SystemOut, c.SystemErr)
 	}
 	if c := cases[1]; c.Failure != nil || c.SystemOut == nil || len(c.SystemOut.Text) > 80<<10 {
 		t.Errorf("output flood: failure %+v, %d bytes of output kept", c.Failure, len(c.SystemOut.Text))
