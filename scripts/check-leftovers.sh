@@ -3,7 +3,9 @@
 # host: a runsc process, a network helper (safe-run-net), a process of the
 # kubernetes tests' control plane, a run's cgroup, a
 # mount (the null or the per-sandbox network namespace), a sandbox link's
-# address in the host's network namespace, or a per-run state directory.
+# address in the host's network namespace, a per-run state directory, or a
+# monitor's socket directory in the temporary directory (made where the
+# state directory's path is too long for a socket).
 set -uo pipefail
 state=${SAFE_RUN_STATE_DIR:-/run/safe-run}
 bad=0
@@ -36,7 +38,10 @@ if [[ -d $state ]]; then
 		report "state directory $dir"
 	done < <(find "$state" -mindepth 1 -maxdepth 1)
 fi
+while read -r dir; do
+	report "monitor socket directory $dir"
+done < <(find "${TMPDIR:-/tmp}" -maxdepth 1 -name 'safe-run-mon-*' 2>/dev/null)
 if ((bad)); then
 	exit 1
 fi
-echo "nothing left behind: no runsc process, network helper, control plane process, cgroup, mount, link or state directory of a run" >&2
+echo "nothing left behind: no runsc process, network helper, control plane process, cgroup, mount, link, state directory or monitor socket directory of a run" >&2

@@ -44,9 +44,13 @@ package gvisor
 //     state directory.
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
+	"syscall"
 
 	"github.com/safe-run/safe-run/monitor"
 	"github.com/safe-run/safe-run/runtime/engine"
@@ -57,6 +61,10 @@ import (
 const (
 	monitorSocket  = "m.sock"     // the remote sink's socket, served by the Monitor
 	monitorSession = "trace.json" // runsc's --pod-init-config
+
+	// monitorSockDirPrefix names the socket's own directory in the
+	// temporary directory, where the run directory's path is too long.
+	monitorSockDirPrefix = "safe-run-mon-"
 )
 
 // maxSocketPath is the longest path a Unix socket can be bound to (sun_path
@@ -85,7 +93,7 @@ func (p *sandboxProc) startMonitor() error {
 		// A deep state directory: the socket goes to a private directory
 		// of its own in the temporary directory (only runsc, as this user,
 		// connects; the monitor makes the socket 0600 too).
-		dir, err := os.MkdirTemp("", "safe-run-mon-")
+		dir, err := os.MkdirTemp("", monitorSockDirPrefix+"*")
 		if err != nil {
 			return fmt.Errorf("create the monitor's socket directory: %w", err)
 		}
@@ -93,6 +101,12 @@ func (p *sandboxProc) startMonitor() error {
 		if len(sock) > maxSocketPath {
 			_ = os.Remove(dir)
 			return fmt.Errorf("the monitor's socket %s is longer than the %d bytes a Unix socket path may have: set TMPDIR or the state directory to a shorter path, or --monitor=off", sock, maxSocketPath)
+		}
+		// The run directory links to it, so that the reaper of a
+		// safe-run process that died finds it (removeMonitorSockDir).
+		if err := os.Symlink(sock, filepath.Join(p.dir, monitorSocket)); err != nil {
+			_ = os.Remove(dir)
+			return fmt.Errorf("link the monitor's socket into the run directory: %w", err)
 		}
 	}
 	p.mon = sm // closeMonitor removes what was made, whatever fails next
@@ -166,4 +180,32 @@ func (p *sandboxProc) closeMonitor() {
 			p.log.Warn("remove the monitor's socket directory", "err", err)
 		}
 	}
+}
+
+// removeMonitorSockDir removes the monitor's own socket directory that the
+// run directory dir links to (see startMonitor), if there is one. It
+// removes only a directory of this user named as startMonitor names them.
+func removeMonitorSockDir(dir string) error {
+	target, err := os.Readlink(filepath.Join(dir, monitorSocket))
+	if err != nil {
+		return nil // the socket is in dir itself, or there is none
+	}
+	sockDir := filepath.Dir(target)
+	if filepath.Base(target) != monitorSocket || !strings.HasPrefix(filepath.Base(sockDir), monitorSockDirPrefix) {
+		return fmt.Errorf("the monitor's socket link %s points to %s, not to a directory safe-run made: left alone", filepath.Join(dir, monitorSocket), target)
+	}
+	fi, err := os.Lstat(sockDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the run closed its monitor
+	}
+	if err != nil {
+		return fmt.Errorf("remove the monitor's socket directory: %w", err)
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || !ok || int(st.Uid) != os.Getuid() {
+		return fmt.Errorf("the monitor's socket directory %s is not a directory of this user: left alone", sockDir)
+	}
+	if err := os.RemoveAll(sockDir); err != nil {
+		return fmt.Errorf("remove the monitor's socket directory: %w", err)
+	}
+	return nil
 }

@@ -1,15 +1,19 @@
 package gvisor
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/safe-run/safe-run/monitor"
 	"github.com/safe-run/safe-run/monitor/monitortest"
+	"github.com/safe-run/safe-run/runtime/engine"
 	"github.com/safe-run/safe-run/sandbox"
 )
 
@@ -357,5 +361,115 @@ func TestMonitorSession(t *testing.T) {
 	}
 	if shells != 1 {
 		t.Errorf("the session's tree has %d shells, want 1: %+v", shells, tree.Processes)
+	}
+}
+
+// TestMonitorDeepStateDir: where the run directory is too deep for a Unix
+// socket, the monitor's socket lives in a directory of its own in TMPDIR.
+// The run is monitored all the same, and that directory is removed when
+// the run ends and, by the reaper, when the safe-run process that made it
+// died without removing it.
+func TestMonitorDeepStateDir(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	rt := newMonitoredRuntime(t, monitor.LevelDefault, nil, func(cfg *testConfig) {
+		cfg.StateDir = filepath.Join(t.TempDir(), strings.Repeat("deep/", 20), "state")
+	})
+	sockDirs := func() []string {
+		dirs, _ := filepath.Glob(filepath.Join(tmp, monitorSockDirPrefix+"*"))
+		return dirs
+	}
+	res, err := rt.Run(context.Background(), sandbox.Job{Language: "python", Code: "import subprocess\nsubprocess.run(['true'])"})
+	if err != nil || res.Status != sandbox.StatusOK {
+		t.Fatalf("run: %v %s %s %s", err, res.Status, res.Message, res.Stderr)
+	}
+	if res.Activity == nil || res.Activity.Clones < 1 {
+		t.Errorf("activity %+v, want the child process", res.Activity)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := rt.Wait(ctx); err != nil { // the sandbox is removed after the result
+		t.Fatal(err)
+	}
+	if dirs := sockDirs(); len(dirs) > 0 {
+		t.Errorf("left after the run: %v", dirs)
+	}
+
+	p, err := rt.g.startSandbox(engine.StartSpec{Job: sandbox.Job{Language: "bash", Limits: sandbox.DefaultLimits}, KeepAlive: true}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(p.Events()).ReadString('\n'); err != nil {
+		t.Fatalf("no Ready event from the agent: %v", err)
+	}
+	if dirs := sockDirs(); len(dirs) != 1 {
+		t.Fatalf("socket directories of a live sandbox: %v, want one", dirs)
+	}
+	// Forgotten as a SIGKILLed server would (see TestReapStale).
+	p.lock.Close()
+	rt.g.live.Done()
+	rt.g.liveN.Add(-1)
+	rt2, err := startStack(rt.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-p.exited
+	assertNothingLeft(t, rt2, []string{p.id})
+	if dirs := sockDirs(); len(dirs) > 0 {
+		t.Errorf("left after the reaper: %v", dirs)
+	}
+}
+
+// TestRemoveMonitorSockDir: the reaper removes only a directory of this
+// user that startMonitor would have made, whatever the run directory's
+// link says.
+func TestRemoveMonitorSockDir(t *testing.T) {
+	tmp := t.TempDir()
+	mk := func(name string) string {
+		d := filepath.Join(tmp, name)
+		if err := os.Mkdir(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	for _, tc := range []struct {
+		name    string
+		target  func() string // the link's target; "" for no link
+		gone    bool          // the target's directory is not there after
+		wantErr bool
+	}{
+		{"no link: the socket is in the run directory", func() string { return "" }, false, false},
+		{"a socket directory of safe-run", func() string { return filepath.Join(mk(monitorSockDirPrefix+"1"), monitorSocket) }, true, false},
+		{"already removed", func() string { return filepath.Join(tmp, monitorSockDirPrefix+"gone", monitorSocket) }, true, false},
+		{"another directory", func() string { return filepath.Join(mk("precious"), monitorSocket) }, false, true},
+		{"another file name", func() string { return filepath.Join(mk(monitorSockDirPrefix+"2"), "data") }, false, true},
+		{"not a directory", func() string {
+			f := filepath.Join(tmp, monitorSockDirPrefix+"3")
+			if err := os.WriteFile(f, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			return filepath.Join(f, monitorSocket)
+		}, false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			run := t.TempDir()
+			target := tc.target()
+			if target != "" {
+				if err := os.Symlink(target, filepath.Join(run, monitorSocket)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			err := removeMonitorSockDir(run)
+			if (err != nil) != tc.wantErr {
+				t.Errorf("err = %v, want an error: %v", err, tc.wantErr)
+			}
+			if target == "" {
+				return
+			}
+			_, statErr := os.Stat(filepath.Dir(target))
+			if gone := errors.Is(statErr, os.ErrNotExist); gone != tc.gone {
+				t.Errorf("%s gone: %v, want %v", filepath.Dir(target), gone, tc.gone)
+			}
+		})
 	}
 }

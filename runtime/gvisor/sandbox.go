@@ -449,6 +449,9 @@ func cleanRunDir(g *Backend, dir, id string) error {
 		}
 	}
 	unmountNetNS(filepath.Join(dir, netnsFile))
+	if err := removeMonitorSockDir(dir); err != nil {
+		errs = append(errs, err)
+	}
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove state directory: %w", err))
 	}
