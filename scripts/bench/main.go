@@ -86,7 +86,7 @@ func main() {
 	baseline := flag.String("baseline", "", "with -warm, -cpu or -burst-only: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
 	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
-	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent, shim and runsc beside it), e.g. an earlier commit's, whose warm row is measured in the same turns")
+	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent and shim beside it; runsc is -runsc, as for this build), e.g. an earlier commit's, whose warm row is measured in the same turns")
 	flag.Parse()
 	if o.quick {
 		set := map[string]bool{}

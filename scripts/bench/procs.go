@@ -112,9 +112,12 @@ func startServer(o options, cg *cpuCgroup, size int, args ...string) (*server, e
 		return nil, err
 	}
 	s := &server{stateDir: dir, size: size}
-	all := append([]string{"serve", "--state-dir", dir, "--log-level", "error", "--max-concurrent", "4"}, args...)
+	// Every build compared runs the same runsc (-runsc): what differs is
+	// safe-run, and a baseline directory need not hold a runsc of its own.
+	all := append([]string{"serve", "--state-dir", dir, "--runsc", o.runsc, "--log-level", "error", "--max-concurrent", "4"}, args...)
 	name, all := cg.wrap(o.bin, all...)
 	if s.c, err = client.NewStdioMCPClient(name, nil, all...); err != nil {
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -122,7 +125,8 @@ func startServer(o options, cg *cpuCgroup, size int, args ...string) (*server, e
 	var init mcpgo.InitializeRequest
 	init.Params.ClientInfo = mcpgo.Implementation{Name: "safe-run-bench", Version: "1"}
 	if _, err := s.c.Initialize(ctx, init); err != nil {
-		return nil, fmt.Errorf("initialize: %w", err)
+		s.close()
+		return nil, fmt.Errorf("initialize %s: %w", o.bin, err)
 	}
 	return s, nil
 }
