@@ -622,7 +622,7 @@ ran()`,
 		// The fork bombs end themselves once they have met the process
 		// limit and held it a few seconds, so the timeout is only a
 		// backstop: how long a bomb takes to reach the limit depends on
-		// the machine (1.3-2.5 s here, over 10 s on a busy CI runner), and
+		// the machine (1.3-2.6 s here, over 10 s on a busy CI runner), and
 		// a run that must meet the limit before a short timeout fails on a
 		// slow machine for no fault of the sandbox. The program exits 3
 		// with its bomb still running, so the run also shows that the
