@@ -16,8 +16,9 @@ import (
 // code of `safe-run run`, and its blocks are contained exactly as run's: a
 // fork bomb meets the process limit, an output flood the output cap, and
 // reads of host files (/etc/shadow, the harness's canary, a secret beside
-// the document that files= does not name) find nothing of the host's. Output made to forge report lines or break XML (escape
-// sequences, workflow commands, ]]>, NUL) leaves the reports well-formed:
+// the document that files= does not name) find nothing of the host's.
+// Output made to forge report lines or break XML (escape sequences,
+// workflow commands, ]]>, NUL) leaves the reports well-formed:
 // the JUnit file parses, no control character reaches it or stdout, and the
 // only annotations are check's own. Positive control: the file files=
 // names is readable.

@@ -405,10 +405,7 @@ func TestMonitorDeepStateDir(t *testing.T) {
 	if dirs := sockDirs(); len(dirs) != 1 {
 		t.Fatalf("socket directories of a live sandbox: %v, want one", dirs)
 	}
-	// Forgotten as a SIGKILLed server would (see TestReapStale).
-	p.lock.Close()
-	rt.g.live.Done()
-	rt.g.liveN.Add(-1)
+	forgetSandbox(rt, p)
 	rt2, err := startStack(rt.cfg)
 	if err != nil {
 		t.Fatal(err)

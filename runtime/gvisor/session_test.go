@@ -240,11 +240,7 @@ func TestReapStale(t *testing.T) {
 	if _, err := bufio.NewReader(p.Events()).ReadString('\n'); err != nil {
 		t.Fatalf("no Ready event from the agent: %v", err)
 	}
-	// Forget it without cleaning up, as a SIGKILLed server would: the lock
-	// and the bookkeeping go with the process, runsc and the sandbox stay.
-	p.lock.Close()
-	rt.g.live.Done()
-	rt.g.liveN.Add(-1)
+	forgetSandbox(rt, p)
 	if _, err := os.Stat(filepath.Join(rt.cfg.StateDir, p.id)); err != nil {
 		t.Fatal(err)
 	}
@@ -254,6 +250,15 @@ func TestReapStale(t *testing.T) {
 	}
 	<-p.exited // the reaper killed runsc
 	assertNothingLeft(t, rt2, []string{p.id})
+}
+
+// forgetSandbox forgets p without cleaning up, as a SIGKILLed server
+// would: the lock and the bookkeeping go with the process, runsc and the
+// sandbox stay, for the next server's reaper.
+func forgetSandbox(rt *testRuntime, p *sandboxProc) {
+	p.lock.Close()
+	rt.g.live.Done()
+	rt.g.liveN.Add(-1)
 }
 
 // TestBackgroundSandboxCPU: a refill's sandbox starts at the lowest CPU
