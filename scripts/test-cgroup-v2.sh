@@ -64,10 +64,19 @@ in_vm() {
 			env -i PATH=/usr/bin:/bin HOME=/tmp/home TMPDIR=/tmp/home XDG_RUNTIME_DIR=/tmp/run \
 			SAFE_RUN_CACHE="$cache" SAFE_RUN_RUNSC="$PWD_REPO/bin/runsc" "$@"
 	}
+	# limits DIR OUT: writes the limits of the cgroup DIR to OUT.limits,
+	# unless the cgroup went away while they were read.
+	limits() {
+		local m p c
+		m=$(cat "$1/memory.max" 2>/dev/null) && p=$(cat "$1/pids.max" 2>/dev/null) &&
+			c=$(cat "$1/cpu.max" 2>/dev/null) &&
+			echo "memory.max=$m pids.max=$p cpu.max=${c/ //}" >"$2.limits"
+	}
 	# watch SCOPE OUT: waits for the run's cgroup below SCOPE (or for
-	# OUT.done, written when the command ended), writes its
-	# limits to OUT.limits, then samples "time usage_usec nr_throttled" into
-	# OUT.cpu every 2 s until the cgroup is gone.
+	# OUT.done, written when the command ended), writes its limits to
+	# OUT.limits, then samples "time usage_usec nr_throttled" into OUT.cpu
+	# and the limits again every 2 s until the cgroup is gone: the CPU limit
+	# is applied only once the sandbox has started, before the run's code.
 	watch() {
 		local d=""
 		until [[ -n $d || -e $2.done ]]; do
@@ -75,8 +84,9 @@ in_vm() {
 			d=$(find "$1" -mindepth 1 -maxdepth 1 -name 'safe-run-*' 2>/dev/null | head -1)
 		done
 		[[ -z $d ]] && return
-		echo "memory.max=$(cat "$d/memory.max") pids.max=$(cat "$d/pids.max") cpu.max=$(cat "$d/cpu.max" | tr ' ' /)" >"$2.limits"
+		limits "$d" "$2" || true
 		while [[ -d $d ]]; do
+			limits "$d" "$2" || true
 			awk -v t="$(date +%s.%N)" '/^usage_usec/{u=$2} /^nr_throttled/{n=$2} END{if (u != "") print t, u, n}' "$d/cpu.stat" 2>/dev/null >>"$2.cpu" || true
 			sleep 2
 		done

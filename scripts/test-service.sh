@@ -213,8 +213,18 @@ except OSError as e:
 	kill "$web" 2>/dev/null || true
 
 
+	# limits DIR NAME: writes the limits of the cgroup DIR to
+	# /tmp/NAME.limits, unless the cgroup went away while they were read.
+	limits() {
+		local m p c
+		m=$(cat "$1/memory.max" 2>/dev/null) && p=$(cat "$1/pids.max" 2>/dev/null) &&
+			c=$(cat "$1/cpu.max" 2>/dev/null) &&
+			echo "$1 memory.max=$m pids.max=$p cpu.max=${c/ //}" >"/tmp/$2.limits"
+	}
 	# measured NAME CODE: runs CODE through MCP while watching its run's
-	# cgroup below the unit's; its limits land in /tmp/NAME.limits.
+	# cgroup below the unit's; its limits land in /tmp/NAME.limits, read
+	# again every 2 s: a new sandbox gets its CPU limit once it has started,
+	# before the run's code.
 	measured() {
 		local name=$1 code=$2 d="" w
 		(
@@ -223,8 +233,9 @@ except OSError as e:
 				d=$(find $UNIT_CG -mindepth 1 -maxdepth 1 -name 'safe-run-*' 2>/dev/null | head -1)
 			done
 			[[ -z $d ]] && exit
-			echo "$d memory.max=$(cat "$d/memory.max") pids.max=$(cat "$d/pids.max") cpu.max=$(tr ' ' / <"$d/cpu.max")" >"/tmp/$name.limits"
+			limits "$d" "$name" || true
 			while [[ -d $d ]]; do
+				limits "$d" "$name" || true
 				awk -v t="$(date +%s.%N)" '/^usage_usec/{u=$2} /^nr_throttled/{n=$2} END{if (u != "") print t, u, n}' "$d/cpu.stat" 2>/dev/null >>"/tmp/$name.cpu" || true
 				sleep 2
 			done

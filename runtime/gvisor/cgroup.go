@@ -118,13 +118,23 @@ func detectV2At(parent string) (CgroupLayout, error) {
 type runCgroup struct {
 	mgr   cgroups.Manager
 	paths map[string]string
+	// heldCPU is a CPU limit created but not yet applied (limitCPU).
+	heldCPU *specs.LinuxCPU
 }
 
-// newRunCgroup creates the cgroup named id below each parent and applies res.
+// newRunCgroup creates the cgroup named id below each parent and applies res;
+// with holdCPU, all of res but its CPU limit, which limitCPU applies later.
 // Without cgroups (CgroupsNone) it returns an empty runCgroup.
-func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources) (*runCgroup, error) {
+func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources, holdCPU bool) (*runCgroup, error) {
 	if layout.Mode == CgroupsNone {
 		return &runCgroup{}, nil
+	}
+	var held *specs.LinuxCPU
+	if holdCPU && res.CPU != nil {
+		held = res.CPU
+		unlimited := *res
+		unlimited.CPU = nil
+		res = &unlimited
 	}
 	paths := make(map[string]string, len(layout.Parents))
 	for c, parent := range layout.Parents {
@@ -148,7 +158,7 @@ func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources) (*r
 			err = mgr.Apply(-1) // creates the directories, adds no process
 		}
 	}
-	c := &runCgroup{mgr: mgr, paths: paths}
+	c := &runCgroup{mgr: mgr, paths: paths, heldCPU: held}
 	if err != nil {
 		c.destroy()
 		return nil, fmt.Errorf("create cgroup %s: %w", id, err)
@@ -216,6 +226,51 @@ func (c *runCgroup) open(layout CgroupLayout) error {
 		c.mgr, err = fs.NewManager(cg, c.paths)
 	}
 	return err
+}
+
+// limitCPU applies the CPU limit newRunCgroup held back, once; with none
+// held it does nothing. It writes the quota files itself, as runc's cgroup
+// manager would (v2 cpu.max "QUOTA PERIOD", v1 the period, then the quota),
+// rather than have the manager write every limit again.
+func (c *runCgroup) limitCPU() error {
+	cpu := c.heldCPU
+	if cpu == nil {
+		return nil
+	}
+	var writes [][2]string // file, value
+	quota, period := int64(0), uint64(0)
+	if cpu.Quota != nil {
+		quota = *cpu.Quota
+	}
+	if cpu.Period != nil {
+		period = *cpu.Period
+	}
+	switch dir := c.paths[""]; {
+	case quota == 0 && period == 0:
+	case dir != "":
+		value := "max"
+		if quota > 0 {
+			value = strconv.FormatInt(quota, 10)
+		}
+		if period != 0 {
+			value += " " + strconv.FormatUint(period, 10)
+		}
+		writes = append(writes, [2]string{filepath.Join(dir, "cpu.max"), value})
+	case c.paths["cpu"] != "":
+		if period != 0 {
+			writes = append(writes, [2]string{filepath.Join(c.paths["cpu"], "cpu.cfs_period_us"), strconv.FormatUint(period, 10)})
+		}
+		if quota != 0 {
+			writes = append(writes, [2]string{filepath.Join(c.paths["cpu"], "cpu.cfs_quota_us"), strconv.FormatInt(quota, 10)})
+		}
+	}
+	for _, w := range writes {
+		if err := os.WriteFile(w[0], []byte(w[1]), 0); err != nil {
+			return fmt.Errorf("apply the CPU limit: %w", err)
+		}
+	}
+	c.heldCPU = nil
+	return nil
 }
 
 // usage reads how many OOM kills the cgroup saw and its peak memory. It

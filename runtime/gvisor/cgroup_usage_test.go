@@ -1,8 +1,11 @@
 package gvisor
 
 import (
+	"bytes"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -126,7 +129,7 @@ func BenchmarkCgroupUsage(b *testing.B) {
 		b.Skip(err)
 	}
 	limit := int64(256 << 20)
-	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
+	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, false)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -182,5 +185,126 @@ func TestCgroupCPUUsed(t *testing.T) {
 	}
 	if _, err := (&runCgroup{}).cpuUsed(); err == nil {
 		t.Error("cpuUsed without a cgroup: no error")
+	}
+}
+
+// TestCgroupLimitCPU: the CPU limit held back at creation is written once,
+// in each kernel's format (v2 cpu.max, v1 the CFS period and quota).
+func TestCgroupLimitCPU(t *testing.T) {
+	quota, unlimited, period := int64(50000), int64(-1), uint64(100000)
+	for _, tc := range []struct {
+		name string
+		v2   bool
+		cpu  *specs.LinuxCPU
+		want map[string]string // file: content; "" for a file not written
+	}{
+		{"v2", true, &specs.LinuxCPU{Quota: &quota, Period: &period}, map[string]string{"cpu.max": "50000 100000"}},
+		{"v2 unlimited", true, &specs.LinuxCPU{Quota: &unlimited, Period: &period}, map[string]string{"cpu.max": "max 100000"}},
+		{"v2 quota only", true, &specs.LinuxCPU{Quota: &quota}, map[string]string{"cpu.max": "50000"}},
+		{"v2 none held", true, nil, map[string]string{"cpu.max": ""}},
+		{"v2 empty", true, &specs.LinuxCPU{}, map[string]string{"cpu.max": ""}},
+		{"v1", false, &specs.LinuxCPU{Quota: &quota, Period: &period},
+			map[string]string{"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "50000"}},
+		{"v1 quota only", false, &specs.LinuxCPU{Quota: &quota},
+			map[string]string{"cpu.cfs_period_us": "", "cpu.cfs_quota_us": "50000"}},
+		{"v1 none held", false, nil, map[string]string{"cpu.cfs_period_us": "", "cpu.cfs_quota_us": ""}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cg := &runCgroup{paths: map[string]string{"cpu": dir, "memory": t.TempDir()}, heldCPU: tc.cpu}
+			if tc.v2 {
+				cg.paths = map[string]string{"": dir}
+			}
+			if err := cg.limitCPU(); err != nil {
+				t.Fatal(err)
+			}
+			for file, want := range tc.want {
+				data, err := os.ReadFile(filepath.Join(dir, file))
+				if want == "" {
+					if err == nil {
+						t.Errorf("%s written (%q), want it left alone", file, data)
+					}
+					continue
+				}
+				if string(data) != want {
+					t.Errorf("%s = %q (%v), want %q", file, data, err, want)
+				}
+				_ = os.Remove(filepath.Join(dir, file))
+			}
+			// Once: a second call writes nothing.
+			if err := cg.limitCPU(); err != nil {
+				t.Fatal(err)
+			}
+			for file := range tc.want {
+				if data, err := os.ReadFile(filepath.Join(dir, file)); err == nil {
+					t.Errorf("second call wrote %s = %q", file, data)
+				}
+			}
+		})
+	}
+	if err := (&runCgroup{}).limitCPU(); err != nil {
+		t.Errorf("without a cgroup: %v", err)
+	}
+}
+
+// TestCgroupHoldCPU creates a real run cgroup on this host (root only) with
+// its CPU limit held back: the other limits are in place at once, the CPU
+// quota only after limitCPU; without holding, it is there at once.
+func TestCgroupHoldCPU(t *testing.T) {
+	if !HostRoot() {
+		t.Skip("needs root to create a cgroup")
+	}
+	layout, err := DetectCgroups()
+	if err != nil {
+		t.Skip(err)
+	}
+	memory, quota, period := int64(256<<20), int64(50000), uint64(100000)
+	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &memory}, CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
+	// quotaOf reads the cgroup's CPU quota, -1 for none.
+	quotaOf := func(cg *runCgroup) int64 {
+		t.Helper()
+		var data []byte
+		if dir := cg.paths[""]; dir != "" {
+			data, err = os.ReadFile(filepath.Join(dir, "cpu.max"))
+			data, _, _ = bytes.Cut(data, []byte(" "))
+		} else {
+			data, err = os.ReadFile(filepath.Join(cg.paths["cpu"], "cpu.cfs_quota_us"))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := strings.TrimSpace(string(data)); s != "max" {
+			q, err := strconv.ParseInt(s, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return q
+		}
+		return -1
+	}
+	for _, hold := range []bool{true, false} {
+		cg, err := newRunCgroup(layout, "safe-run-test-cpu-"+strconv.Itoa(os.Getpid()), res, hold)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := quotaOf(cg), map[bool]int64{true: -1, false: quota}[hold]; got != want {
+			t.Errorf("hold %v: quota %d at creation, want %d", hold, got, want)
+		}
+		memFile := filepath.Join(cg.paths["memory"], "memory.limit_in_bytes")
+		if dir := cg.paths[""]; dir != "" {
+			memFile = filepath.Join(dir, "memory.max")
+		}
+		if data, err := os.ReadFile(memFile); err != nil || strings.TrimSpace(string(data)) != strconv.FormatInt(memory, 10) {
+			t.Errorf("hold %v: memory limit %q (%v) at creation, want %d", hold, data, err, memory)
+		}
+		if err := cg.limitCPU(); err != nil {
+			t.Fatal(err)
+		}
+		if got := quotaOf(cg); got != quota {
+			t.Errorf("hold %v: quota %d after limitCPU, want %d", hold, got, quota)
+		}
+		if err := cg.destroy(); err != nil {
+			t.Error(err)
+		}
 	}
 }
