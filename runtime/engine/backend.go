@@ -85,9 +85,10 @@ type Sandbox interface {
 	Requests() io.Writer
 	// Events is the agent's event stream; it ends when the agent does.
 	Events() io.ReadCloser
-	// Ready is called once the agent has sent its Ready event, before the
-	// sandbox is used. It returns an error if the sandbox must not be used
-	// after all (for instance because a limit cannot be enforced).
+	// Ready is called once the agent can take requests (its Ready event;
+	// for a restored sandbox, once the engine has primed it), before any
+	// request of a run. It returns an error if the sandbox must not be
+	// used after all (for instance because a limit cannot be enforced).
 	Ready() error
 	// Exited is closed once the sandbox's processes have ended.
 	Exited() <-chan struct{}
