@@ -117,17 +117,25 @@ func TestCgroupBackground(t *testing.T) {
 	}
 }
 
+// hostCgroups returns where this host puts runs' cgroups, skipping tb
+// unless it runs as root on a host where they can be created.
+func hostCgroups(tb testing.TB) CgroupLayout {
+	tb.Helper()
+	if !HostRoot() {
+		tb.Skip("needs root to create a cgroup")
+	}
+	layout, err := DetectCgroups()
+	if err != nil {
+		tb.Skip(err)
+	}
+	return layout
+}
+
 // BenchmarkCgroupUsage compares the end-of-run usage read through the
 // cgroup manager's GetStats (as it was) with the two files read directly,
 // on a real cgroup of this host (root only).
 func BenchmarkCgroupUsage(b *testing.B) {
-	if !HostRoot() {
-		b.Skip("needs root to create a cgroup")
-	}
-	layout, err := DetectCgroups()
-	if err != nil {
-		b.Skip(err)
-	}
+	layout := hostCgroups(b)
 	limit := int64(256 << 20)
 	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, false)
 	if err != nil {
@@ -251,13 +259,8 @@ func TestCgroupLimitCPU(t *testing.T) {
 // its CPU limit held back: the other limits are in place at once, the CPU
 // quota only after limitCPU; without holding, it is there at once.
 func TestCgroupHoldCPU(t *testing.T) {
-	if !HostRoot() {
-		t.Skip("needs root to create a cgroup")
-	}
-	layout, err := DetectCgroups()
-	if err != nil {
-		t.Skip(err)
-	}
+	layout := hostCgroups(t)
+	var err error
 	memory, quota, period := int64(256<<20), int64(50000), uint64(100000)
 	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &memory}, CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
 	// quotaOf reads the cgroup's CPU quota, -1 for none.
