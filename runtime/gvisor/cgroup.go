@@ -122,16 +122,15 @@ type runCgroup struct {
 	heldCPU *specs.LinuxCPU
 }
 
-// newRunCgroup creates the cgroup named id below each parent and applies res;
-// with holdCPU, all of res but its CPU limit, which limitCPU applies later.
+// newRunCgroup creates the cgroup named id below each parent and applies
+// res but its CPU limit, which limitCPU applies once the sandbox is up.
 // Without cgroups (CgroupsNone) it returns an empty runCgroup.
-func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources, holdCPU bool) (*runCgroup, error) {
+func newRunCgroup(layout CgroupLayout, id string, res *specs.LinuxResources) (*runCgroup, error) {
 	if layout.Mode == CgroupsNone {
 		return &runCgroup{}, nil
 	}
-	var held *specs.LinuxCPU
-	if holdCPU && res.CPU != nil {
-		held = res.CPU
+	held := res.CPU
+	if held != nil {
 		unlimited := *res
 		unlimited.CPU = nil
 		res = &unlimited

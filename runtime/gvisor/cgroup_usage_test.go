@@ -1,7 +1,6 @@
 package gvisor
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -137,7 +136,7 @@ func hostCgroups(tb testing.TB) CgroupLayout {
 func BenchmarkCgroupUsage(b *testing.B) {
 	layout := hostCgroups(b)
 	limit := int64(256 << 20)
-	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}}, false)
+	cg, err := newRunCgroup(layout, "safe-run-bench-usage", &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &limit}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -255,59 +254,46 @@ func TestCgroupLimitCPU(t *testing.T) {
 	}
 }
 
-// TestCgroupHoldCPU creates a real run cgroup on this host (root only) with
-// its CPU limit held back: the other limits are in place at once, the CPU
-// quota only after limitCPU; without holding, it is there at once.
+// TestCgroupHoldCPU creates a real run cgroup on this host (root only): its
+// other limits are in place at once, its CPU quota only after limitCPU.
 func TestCgroupHoldCPU(t *testing.T) {
 	layout := hostCgroups(t)
-	var err error
 	memory, quota, period := int64(256<<20), int64(50000), uint64(100000)
 	res := &specs.LinuxResources{Memory: &specs.LinuxMemory{Limit: &memory}, CPU: &specs.LinuxCPU{Quota: &quota, Period: &period}}
-	// quotaOf reads the cgroup's CPU quota, -1 for none.
-	quotaOf := func(cg *runCgroup) int64 {
-		t.Helper()
-		var data []byte
-		if dir := cg.paths[""]; dir != "" {
-			data, err = os.ReadFile(filepath.Join(dir, "cpu.max"))
-			data, _, _ = bytes.Cut(data, []byte(" "))
-		} else {
-			data, err = os.ReadFile(filepath.Join(cg.paths["cpu"], "cpu.cfs_quota_us"))
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s := strings.TrimSpace(string(data)); s != "max" {
-			q, err := strconv.ParseInt(s, 10, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return q
-		}
-		return -1
+	cg, err := newRunCgroup(layout, "safe-run-test-cpu-"+strconv.Itoa(os.Getpid()), res)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, hold := range []bool{true, false} {
-		cg, err := newRunCgroup(layout, "safe-run-test-cpu-"+strconv.Itoa(os.Getpid()), res, hold)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got, want := quotaOf(cg), map[bool]int64{true: -1, false: quota}[hold]; got != want {
-			t.Errorf("hold %v: quota %d at creation, want %d", hold, got, want)
-		}
-		memFile := filepath.Join(cg.paths["memory"], "memory.limit_in_bytes")
-		if dir := cg.paths[""]; dir != "" {
-			memFile = filepath.Join(dir, "memory.max")
-		}
-		if data, err := os.ReadFile(memFile); err != nil || strings.TrimSpace(string(data)) != strconv.FormatInt(memory, 10) {
-			t.Errorf("hold %v: memory limit %q (%v) at creation, want %d", hold, data, err, memory)
-		}
-		if err := cg.limitCPU(); err != nil {
-			t.Fatal(err)
-		}
-		if got := quotaOf(cg); got != quota {
-			t.Errorf("hold %v: quota %d after limitCPU, want %d", hold, got, quota)
-		}
+	defer func() {
 		if err := cg.destroy(); err != nil {
 			t.Error(err)
 		}
+	}()
+	// read returns the first field of a file of the cgroup (v2 name, v1 name).
+	read := func(v2, v1 string) string {
+		t.Helper()
+		path := filepath.Join(cg.paths["cpu"], v1)
+		if dir := cg.paths[""]; dir != "" {
+			path = filepath.Join(dir, v2)
+		} else if v1 == "memory.limit_in_bytes" {
+			path = filepath.Join(cg.paths["memory"], v1)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Fields(string(data))[0]
+	}
+	if got := read("memory.max", "memory.limit_in_bytes"); got != strconv.FormatInt(memory, 10) {
+		t.Errorf("memory limit %s at creation, want %d", got, memory)
+	}
+	if got := read("cpu.max", "cpu.cfs_quota_us"); got != "max" && got != "-1" {
+		t.Errorf("CPU quota %s at creation, want none", got)
+	}
+	if err := cg.limitCPU(); err != nil {
+		t.Fatal(err)
+	}
+	if got := read("cpu.max", "cpu.cfs_quota_us"); got != strconv.FormatInt(quota, 10) {
+		t.Errorf("CPU quota %s after limitCPU, want %d", got, quota)
 	}
 }

@@ -193,7 +193,7 @@ func (p *sandboxProc) setUp(start engine.StartSpec) error {
 	// as long under a quota of one CPU (Ready after 425 against 251 ms
 	// here). A refill still takes only idle CPU: its weight is the lowest
 	// (Background).
-	if p.cg, err = newRunCgroup(g.cgroups, p.id, spec.Linux.Resources, true); err != nil {
+	if p.cg, err = newRunCgroup(g.cgroups, p.id, spec.Linux.Resources); err != nil {
 		return err
 	}
 	p.mark("cgroup_created")
