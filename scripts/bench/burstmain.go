@@ -39,18 +39,18 @@ func burstMain(o options, baseline string, rounds int, throughputToo bool) {
 	for i, bo := range opts {
 		on, err := startServer(bo, nil, warmPoolSize, "--pool", warmPool, "--agent", bo.agent)
 		if err != nil {
-			log.Fatalf("%s: %v", names[i], err)
+			fatalf("%s: %v", names[i], err)
 		}
 		defer on.close()
 		off, err := startServer(bo, nil, 0, "--pool=", "--agent", bo.agent)
 		if err != nil {
-			log.Fatalf("%s: %v", names[i], err)
+			fatalf("%s: %v", names[i], err)
 		}
 		defer off.close()
 		// One untimed call each: caches filled outside the timing.
 		for _, s := range []*server{on, off} {
 			if err := s.call("print(1)"); err != nil {
-				log.Fatalf("%s: %v", names[i], err)
+				fatalf("%s: %v", names[i], err)
 			}
 		}
 		builds = append(builds, &burstBuild{name: names[i], on: on, off: off,
@@ -60,7 +60,7 @@ func burstMain(o options, baseline string, rounds int, throughputToo bool) {
 	full := func() {
 		for _, s := range all {
 			if err := s.waitFull(); err != nil {
-				log.Fatal(err)
+				fatal(err)
 			}
 		}
 	}
@@ -69,12 +69,12 @@ func burstMain(o options, baseline string, rounds int, throughputToo bool) {
 			full()
 			on, err := burst(b.on, "pool on", o.burst)
 			if err != nil {
-				log.Fatalf("%s: burst, pool on: %v", b.name, err)
+				fatalf("%s: burst, pool on: %v", b.name, err)
 			}
 			full()
 			off, err := burst(b.off, "pool off", o.burst)
 			if err != nil {
-				log.Fatalf("%s: burst, pool off: %v", b.name, err)
+				fatalf("%s: burst, pool off: %v", b.name, err)
 			}
 			on.classify(off)
 			b.warm = append(b.warm, on.Warm)
@@ -102,7 +102,7 @@ func burstMain(o options, baseline string, rounds int, throughputToo bool) {
 					full()
 					perS, err := throughput(o.throughputRuns, c, func() error { return s.call("print(1)") })
 					if err != nil {
-						log.Fatalf("%s: throughput: %v", b.name, err)
+						fatalf("%s: throughput: %v", b.name, err)
 					}
 					v := b.perS[c]
 					v[k] = append(v[k], perS)

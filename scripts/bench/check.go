@@ -158,7 +158,7 @@ func (rep *CheckReport) markdown() string {
 func checkMain(o options, reps int) {
 	rep, err := runCheckBench(o, reps)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	writeReport(o, "check", "bench-check", rep, rep.markdown())
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"log"
 	"os"
 	"os/exec"
 	"time"
@@ -30,7 +29,7 @@ func coldMain(o options, compare []string) {
 	must(raw.run(code))
 	for _, b := range bins {
 		if _, _, err := timedColdRun(b, code); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 	}
 	rawDs := []time.Duration{}

@@ -61,6 +61,7 @@ type options struct {
 var quickOptions = map[string]string{"runs": "5", "throughput-runs": "8", "burst": "20", "cpu-runs": "3", "doc": ""}
 
 func main() {
+	defer exitOnFailure()
 	var o options
 	flag.StringVar(&o.bin, "safe-run", "bin/safe-run", "safe-run binary")
 	flag.StringVar(&o.runsc, "runsc", "bin/runsc", "runsc binary")
@@ -100,12 +101,12 @@ func main() {
 	log.SetFlags(0)
 	log.SetPrefix("bench: ")
 	if os.Geteuid() != 0 {
-		log.Fatal("run as root (chroot, runsc and safe-run need it); use `sudo make bench`")
+		fatal("run as root (chroot, runsc and safe-run need it); use `sudo make bench`")
 	}
 	for _, p := range []*string{&o.bin, &o.runsc, &o.agent} {
 		abs, err := filepath.Abs(*p)
 		if err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		*p = abs
 	}
@@ -140,7 +141,7 @@ func main() {
 	start := time.Now()
 	rep, err := run(o)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	name := "latest"
 	if o.quick {
@@ -155,8 +156,35 @@ func main() {
 
 func must(err error) {
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
+}
+
+// failure is what fatal and fatalf panic with.
+type failure string
+
+// fatal ends the benchmark with v as log.Fatal would, but by unwinding the
+// main goroutine, so that the cleanups it deferred (servers, their pools,
+// temporary directories) run first: log.Fatal exits at once and left them.
+// exitOnFailure, deferred by main, then logs v and exits 1.
+func fatal(v ...any) { panic(failure(fmt.Sprint(v...))) }
+
+// fatalf is fatal with a format.
+func fatalf(format string, v ...any) { panic(failure(fmt.Sprintf(format, v...))) }
+
+// exitOnFailure logs the failure main's goroutine unwound with and exits 1;
+// any other panic goes on.
+func exitOnFailure() {
+	r := recover()
+	if r == nil {
+		return
+	}
+	f, ok := r.(failure)
+	if !ok {
+		panic(r)
+	}
+	log.Print(string(f))
+	os.Exit(1)
 }
 
 // Stats summarise the durations of one row, in milliseconds.

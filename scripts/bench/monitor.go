@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"log"
 	"os"
 	"os/exec"
 	"strings"
@@ -205,7 +204,7 @@ func (r *MonitorReport) markdown() string {
 func monitorMain(o options) {
 	rep, err := runMonitorBench(o)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	writeReport(o, "monitor", "bench-monitor", rep, rep.markdown())
 }

@@ -180,7 +180,7 @@ func (rep *NetReport) markdown() string {
 func netMain(o options) {
 	rep, err := runNetBench(o)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	writeReport(o, "net", "bench-net", rep, rep.markdown())
 }

@@ -82,7 +82,7 @@ func warmMain(o options, baseline string) {
 	for i, b := range builds {
 		s, err := startServer(b.o, nil, warmPoolSize, "--pool", warmPool, "--agent", b.o.agent)
 		if err != nil {
-			log.Fatalf("%s: %v", b.name, err)
+			fatalf("%s: %v", b.name, err)
 		}
 		defer s.close()
 		servers[i] = s
@@ -98,12 +98,12 @@ func warmMain(o options, baseline string) {
 				// other build's must not run during this call.
 				for _, other := range servers {
 					if err := other.waitFull(); err != nil {
-						log.Fatalf("%s: %v", builds[i].name, err)
+						fatalf("%s: %v", builds[i].name, err)
 					}
 				}
 				d, err := s.timed(p.Lang, p.Code)
 				if err != nil {
-					log.Fatalf("%s: warm %s %s: %v", builds[i].name, p.Lang, p.Name, err)
+					fatalf("%s: warm %s %s: %v", builds[i].name, p.Lang, p.Name, err)
 				}
 				if r > 0 {
 					ds[i][j] = append(ds[i][j], d)
