@@ -13,6 +13,7 @@ import (
 	"crypto/sha256"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,7 +162,11 @@ func TestThreatImageBombs(t *testing.T) {
 	tw.WriteHeader(&tar.Header{Name: "f", Typeflag: tar.TypeReg, Mode: 0o644})
 	tw.Close()
 	trailing.Write(make([]byte, 64<<20)) // 64 MiB of zeros: 64 KiB compressed
-	junkLayer, err := tarball.LayerFromReader(bytes.NewReader(trailing.Bytes()))
+	// From an opener, not LayerFromReader, which copies the bytes to a file
+	// in $TMPDIR that it never removes (64 MiB left there per run).
+	junkLayer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(trailing.Bytes())), nil
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
