@@ -67,10 +67,8 @@ in_vm() {
 	# limits DIR OUT: writes the limits of the cgroup DIR to OUT.limits,
 	# unless the cgroup went away while they were read.
 	limits() {
-		local m p c
-		m=$(cat "$1/memory.max" 2>/dev/null) && p=$(cat "$1/pids.max" 2>/dev/null) &&
-			c=$(cat "$1/cpu.max" 2>/dev/null) &&
-			echo "memory.max=$m pids.max=$p cpu.max=${c/ //}" >"$2.limits"
+		local l
+		l=$(vm_cgroup_limits "$1") && echo "$l" >"$2.limits"
 	}
 	# watch SCOPE OUT: waits for the run's cgroup below SCOPE (or for
 	# OUT.done, written when the command ended), writes its limits to
@@ -183,6 +181,8 @@ print("spun 40 s")
 
 if [[ ${1:-} == --in-vm ]]; then
 	PWD_REPO=$PWD
+	# shellcheck source=scripts/vm.sh
+	. "${BASH_SOURCE[0]%/*}/vm.sh"
 	in_vm "$2"
 	exit 1
 fi
@@ -220,7 +220,7 @@ trap 'exit 130' INT TERM HUP
 chmod 755 "$stage"
 mkdir "$stage/bin" "$stage/scripts"
 cp bin/safe-run bin/safe-run-agent bin/safe-run-shim bin/runsc "$stage/bin/"
-cp scripts/test-cgroup-v2.sh "$stage/scripts/"
+cp scripts/test-cgroup-v2.sh scripts/vm.sh "$stage/scripts/"
 
 vm_kernel "$work" "$cache"
 echo "== booting $(basename "$VM_KERNEL") in QEMU (emulated CPU; slow)"

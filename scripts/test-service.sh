@@ -216,10 +216,8 @@ except OSError as e:
 	# limits DIR NAME: writes the limits of the cgroup DIR to
 	# /tmp/NAME.limits, unless the cgroup went away while they were read.
 	limits() {
-		local m p c
-		m=$(cat "$1/memory.max" 2>/dev/null) && p=$(cat "$1/pids.max" 2>/dev/null) &&
-			c=$(cat "$1/cpu.max" 2>/dev/null) &&
-			echo "$1 memory.max=$m pids.max=$p cpu.max=${c/ //}" >"/tmp/$2.limits"
+		local l
+		l=$(vm_cgroup_limits "$1") && echo "$1 $l" >"/tmp/$2.limits"
 	}
 	# measured NAME CODE: runs CODE through MCP while watching its run's
 	# cgroup below the unit's; its limits land in /tmp/NAME.limits, read
@@ -364,6 +362,8 @@ case ${1:-} in
 	boot "$2" "${3:-}"
 	;;
 --in-vm)
+	# shellcheck source=scripts/vm.sh
+	. "${BASH_SOURCE[0]%/*}/vm.sh"
 	in_vm 2>&1
 	exit 0
 	;;

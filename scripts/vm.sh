@@ -5,6 +5,7 @@
 # this host's root read-only over 9p, so there is no VM image to build.
 #
 # The caller sets VM_NAME (its name in messages) and GO, and runs as root.
+# The guest half sources it too, for vm_cgroup_limits.
 
 # vm_need_qemu installs qemu-system-x86 if it is missing.
 vm_need_qemu() {
@@ -85,4 +86,14 @@ vm_stop() {
 		kill "$VM_QEMU" 2>/dev/null || true
 	fi
 	wait
+}
+
+# vm_cgroup_limits DIR prints the limits of the cgroup v2 DIR on one line,
+# "memory.max=M pids.max=P cpu.max=QUOTA/PERIOD", or fails if the cgroup went
+# away while they were read.
+vm_cgroup_limits() {
+	local m p c
+	m=$(cat "$1/memory.max" 2>/dev/null) && p=$(cat "$1/pids.max" 2>/dev/null) &&
+		c=$(cat "$1/cpu.max" 2>/dev/null) || return
+	echo "memory.max=$m pids.max=$p cpu.max=${c/ //}"
 }
