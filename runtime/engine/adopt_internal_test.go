@@ -12,7 +12,7 @@ import (
 // CPU meter a refill's progress is its age.
 func TestAdoptable(t *testing.T) {
 	now := time.Now()
-	at := func(ago time.Duration) *refill { return &refill{start: now.Add(-ago)} }
+	at := func(ago time.Duration) *refill { return &refill{start: now.Add(-ago), started: true} }
 	const refillTook, coldTook = 430 * time.Millisecond, 190 * time.Millisecond
 	for _, tc := range []struct {
 		name                 string
@@ -25,13 +25,14 @@ func TestAdoptable(t *testing.T) {
 		{"more than half done: it is sooner", []*refill{at(300 * time.Millisecond)}, refillTook, coldTook, 0},
 		{"exactly as soon: start cold", []*refill{at(refillTook - coldTook)}, refillTook, coldTook, -1},
 		{"overdue: it is sooner", []*refill{at(2 * time.Second)}, refillTook, coldTook, 0},
-		{"the soonest unclaimed one", []*refill{{start: now.Add(-time.Second), claimed: true}, at(400 * time.Millisecond), at(350 * time.Millisecond)}, refillTook, coldTook, 1},
-		{"a background refill: its progress is unknown", []*refill{{start: now.Add(-time.Second), background: true}}, refillTook, coldTook, -1},
-		{"the oldest at a run's priority", []*refill{{start: now.Add(-time.Second), background: true}, at(400 * time.Millisecond)}, refillTook, coldTook, 1},
-		{"every one claimed", []*refill{{start: now.Add(-time.Second), claimed: true}}, refillTook, coldTook, -1},
+		{"the soonest unclaimed one", []*refill{{start: now.Add(-time.Second), started: true, claimed: true}, at(400 * time.Millisecond), at(350 * time.Millisecond)}, refillTook, coldTook, 1},
+		{"a background refill: its progress is unknown", []*refill{{start: now.Add(-time.Second), started: true, background: true}}, refillTook, coldTook, -1},
+		{"the oldest at a run's priority", []*refill{{start: now.Add(-time.Second), started: true, background: true}, at(400 * time.Millisecond)}, refillTook, coldTook, 1},
+		{"every one claimed", []*refill{{start: now.Add(-time.Second), started: true, claimed: true}}, refillTook, coldTook, -1},
 		{"refills faster than cold starts", []*refill{at(0)}, 100 * time.Millisecond, coldTook, 0},
 		{"no refill measured yet", []*refill{at(2 * time.Second)}, 0, coldTook, -1},
 		{"no cold start measured yet", []*refill{at(2 * time.Second)}, refillTook, 0, -1},
+		{"overdue, but its sandbox not started: all its work ahead", []*refill{{start: now.Add(-2 * time.Second)}}, refillTook, coldTook, -1},
 	} {
 		pl := &poolLang{refills: tc.refills, refillTook: tc.refillTook, coldTook: tc.coldTook}
 		checkAdoptable(t, tc.name, pl, now, tc.want)
@@ -60,9 +61,9 @@ func TestAdoptableByCPU(t *testing.T) {
 	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
 	// used makes a background refill started ago that has used cpu.
 	used := func(ago, cpu time.Duration) *refill {
-		return &refill{start: now.Add(-ago), background: true, used: func() (time.Duration, error) { return cpu, nil }}
+		return &refill{start: now.Add(-ago), started: true, background: true, used: func() (time.Duration, error) { return cpu, nil }}
 	}
-	unreadable := &refill{start: now.Add(-time.Second), background: true,
+	unreadable := &refill{start: now.Add(-time.Second), started: true, background: true,
 		used: func() (time.Duration, error) { return 0, errors.New("no cgroup") }}
 	claimed := used(ms(50), ms(290))
 	claimed.claimed = true
@@ -120,10 +121,33 @@ func TestAdoptableSavesInterpreterStart(t *testing.T) {
 		{"the interpreter's start makes it sooner", ms(200), ms(90), ms(10), true},
 		{"pooled runs no faster: no saving", ms(200), ms(10), ms(20), false},
 	} {
-		r := &refill{start: now.Add(-tc.age)}
+		r := &refill{start: now.Add(-tc.age), started: true}
 		pl := &poolLang{refills: []*refill{r}, refillTook: ms(430), coldTook: ms(190), coldRunMin: tc.coldRunMin, warmRunMin: tc.warmRunMin}
 		if got := pl.adoptable(now, true) == r; got != tc.adopt {
 			t.Errorf("%s: adopted %v, want %v", tc.name, got, tc.adopt)
 		}
+	}
+}
+
+// TestPoolLearnsColdCostOnceFilled: a cold run's duration and CPU teach
+// the pool what a cold start costs only once the pool has been full: the
+// first runs of a server (its probe) come beside the pool's first fill.
+func TestPoolLearnsColdCostOnceFilled(t *testing.T) {
+	pl := &poolLang{size: 2}
+	p := &pool{langs: map[string]*poolLang{"python": pl}}
+	p.observeCold("python", time.Second)
+	p.observeRun("python", true, time.Second, 2*time.Second)
+	p.observeRun("python", false, 20*time.Millisecond, 10*time.Millisecond)
+	if pl.coldTook != 0 || pl.coldRunMin != 0 || pl.coldCPUMin != 0 {
+		t.Errorf("before the first fill: coldTook %v, coldRunMin %v, coldCPUMin %v; want none", pl.coldTook, pl.coldRunMin, pl.coldCPUMin)
+	}
+	if pl.warmRunMin != 20*time.Millisecond || pl.warmRunCPUMin != 10*time.Millisecond {
+		t.Errorf("a pooled run before the first fill: warmRunMin %v, warmRunCPUMin %v; want 20ms, 10ms", pl.warmRunMin, pl.warmRunCPUMin)
+	}
+	pl.filled = true
+	p.observeCold("python", 400*time.Millisecond)
+	p.observeRun("python", true, 500*time.Millisecond, 600*time.Millisecond)
+	if pl.coldTook != 400*time.Millisecond || pl.coldRunMin != 500*time.Millisecond || pl.coldCPUMin != 600*time.Millisecond {
+		t.Errorf("once filled: coldTook %v, coldRunMin %v, coldCPUMin %v; want 400ms, 500ms, 600ms", pl.coldTook, pl.coldRunMin, pl.coldCPUMin)
 	}
 }

@@ -87,6 +87,61 @@ func TestPoolRefillsYieldToRuns(t *testing.T) {
 	eventually(t, "the pool refills once the CPU is free", func() bool { return e.PoolSizes()["python"] == 1 })
 }
 
+// TestPoolRefillWaitsForColdBoot: while a cold run's sandbox boots (it has
+// no CPU quota until its agent is ready, and runsc's start takes every CPU
+// it gets), no refill starts, however many CPUs are free; once it is
+// ready, the refill does.
+func TestPoolRefillWaitsForColdBoot(t *testing.T) {
+	b := newFake(printCode)
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 4}})
+	eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+	boot := make(chan struct{})
+	b.setAgent(func(a *fakeAgent) { <-boot; serve(printCode)(a) })   // Ready waits for boot
+	booting := runAsync(e, sandbox.Job{Language: "bash", Code: "x"}) // not pooled: cold
+	eventually(t, "the cold run's sandbox starts", func() bool { return len(b.sandboxes()) == 2 })
+	b.setAgent(serve(printCode))
+	// A pooled run drains the pool while the cold one boots.
+	if res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"}); res.Status != sandbox.StatusOK || res.SandboxID != b.sandboxes()[0].id {
+		t.Fatalf("pooled run: %s in %s: %s", res.Status, res.SandboxID, res.Message)
+	}
+	time.Sleep(50 * time.Millisecond) // would a refill start? (not a timing assertion: it may only add)
+	if n := len(b.sandboxes()); n != 2 {
+		t.Errorf("%d sandboxes started while a cold run booted, want 2 (no refill)", n)
+	}
+	close(boot)
+	if res := <-booting; res.Status != sandbox.StatusOK {
+		t.Fatalf("cold run: %s: %s", res.Status, res.Message)
+	}
+	eventually(t, "the pool refills once the cold run has booted", func() bool { return e.PoolSizes()["python"] == 1 })
+}
+
+// TestPoolRefillsWaitForALull: while runs come back to back, no refill
+// starts, however many CPUs are free (each would slow the runs and be
+// drained at once); once they pause, the pool refills.
+func TestPoolRefillsWaitForALull(t *testing.T) {
+	b := newFake(printCode)
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 4}})
+	eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+	pooled := b.sandboxes()[0]
+	var runs []string
+	for start := time.Now(); time.Since(start) < time.Second; {
+		res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"})
+		if res.Status != sandbox.StatusOK {
+			t.Fatalf("run %d: %s: %s", len(runs), res.Status, res.Message)
+		}
+		runs = append(runs, res.SandboxID)
+	}
+	if runs[0] != pooled.id {
+		t.Errorf("the first run ran in %s, want the pooled %s", runs[0], pooled.id)
+	}
+	for _, sb := range b.sandboxes()[1:] {
+		if sb.spec.Background {
+			t.Errorf("refill %s started while %d runs came back to back", sb.id, len(runs))
+		}
+	}
+	eventually(t, "the pool refills once the runs pause", func() bool { return e.PoolSizes()["python"] == 1 })
+}
+
 // TestPoolMissStartsColdUnmeasured: a run that finds the pool empty while
 // a refill is under way starts cold as long as the pool has not measured
 // both a refill and a cold start (it cannot tell which is sooner), and the

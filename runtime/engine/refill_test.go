@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -92,5 +93,48 @@ func TestPoolAwaitRefill(t *testing.T) {
 			t.Errorf("AwaitRefill %s: the run's sandbox was pooled: %v, want %v", await, warmed, await > 0)
 		}
 		e.Close()
+	}
+}
+
+// TestPoolAwaitRefillBackToBack: where runs wait for refills (a check),
+// each run's replacement starts while the run goes on, and every run of a
+// series back to back is served by a refill; elsewhere refills wait for a
+// lull (TestPoolRefillsWaitForALull).
+func TestPoolAwaitRefillBackToBack(t *testing.T) {
+	var b *fakeBackend
+	var mu sync.Mutex
+	var alone []string // runs no refill started beside within a second
+	b = newFake(func(a *fakeAgent, req agent.Request) []agent.Event {
+		if req.Op == agent.OpRun {
+			beside := func() bool {
+				boxes := b.sandboxes()
+				return slices.IndexFunc(boxes, func(sb *fakeSandbox) bool { return sb == a.sb }) < len(boxes)-1
+			}
+			for deadline := time.Now().Add(time.Second); !beside() && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			if !beside() {
+				mu.Lock()
+				alone = append(alone, a.sb.id)
+				mu.Unlock()
+			}
+		}
+		return printCode(a, req)
+	})
+	e := newEngine(t, b, engine.Config{Pool: engine.PoolConfig{Size: map[string]int{"python": 1}, CPUs: 2, AwaitRefill: time.Minute}})
+	eventually(t, "the pool fills", func() bool { return e.PoolSizes()["python"] == 1 })
+	for i := range 10 {
+		res, _ := e.Run(context.Background(), sandbox.Job{Language: "python", Code: "x"})
+		if res.Status != sandbox.StatusOK {
+			t.Fatalf("run %d: %s: %s", i, res.Status, res.Message)
+		}
+		if ran := b.sandbox(res.SandboxID); !ran.spec.Background {
+			t.Errorf("run %d ran in %s, a sandbox of its own, want a refill's", i, res.SandboxID)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(alone) > 0 {
+		t.Errorf("no refill started beside the runs in %v", alone)
 	}
 }

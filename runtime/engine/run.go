@@ -31,7 +31,7 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 		takeActivity(b.sb, false)
 	}
 	// From here the run uses a CPU, and refills leave it to the run.
-	over := e.pool.runStarted()
+	booted, over := e.pool.runStarted(!pooled)
 	if !pooled {
 		b, err = e.startBox(e.spec(job, false), "")
 	}
@@ -42,7 +42,7 @@ func (e *Engine) Run(ctx context.Context, job sandbox.Job) (sandbox.Result, erro
 		return res, nil
 	}
 	res.SandboxID = b.id()
-	res = e.runOnce(ctx, b, job, lang, res)
+	res = e.runOnce(ctx, b, job, lang, res, booted)
 	over()
 	if !pooled {
 		res = withNetwork(res, b.sb, true) // pooled sandboxes have no network
@@ -71,7 +71,9 @@ func (e *Engine) cleanUp(b *box, pooled bool) {
 }
 
 // runOnce hands the job to a one-shot sandbox and reads the outcome.
-func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result) (out sandbox.Result) {
+// A cold sandbox's booted is called once its agent is ready, or failed
+// to be.
+func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sandbox.Language, res sandbox.Result, booted func()) (out sandbox.Result) {
 	cold := b.current() == statusStarting
 	if cold {
 		observe := func(d time.Duration) {
@@ -80,7 +82,9 @@ func (e *Engine) runOnce(ctx context.Context, b *box, job sandbox.Job, lang sand
 				e.cfg.ObserveStart(d)
 			}
 		}
-		if err := b.awaitReady(ctx, observe); err != nil {
+		err := b.awaitReady(ctx, observe)
+		booted()
+		if err != nil {
 			if ctx.Err() != nil {
 				return outcome(res, job, nil, ending{cancelled: true}, 0)
 			}
