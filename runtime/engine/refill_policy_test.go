@@ -104,7 +104,10 @@ func TestPoolRefillWaitsForColdBoot(t *testing.T) {
 	if res := <-runAsync(e, sandbox.Job{Language: "python", Code: "x"}); res.Status != sandbox.StatusOK || res.SandboxID != b.sandboxes()[0].id {
 		t.Fatalf("pooled run: %s in %s: %s", res.Status, res.SandboxID, res.Message)
 	}
-	time.Sleep(50 * time.Millisecond) // would a refill start? (not a timing assertion: it may only add)
+	// Would a refill start? Past the quiet that the runs' arrival asks for
+	// (2 s for a run in flight), only the boot holds it back. Not a timing
+	// assertion: waiting longer may only add a refill.
+	time.Sleep(2500 * time.Millisecond)
 	if n := len(b.sandboxes()); n != 2 {
 		t.Errorf("%d sandboxes started while a cold run booted, want 2 (no refill)", n)
 	}
