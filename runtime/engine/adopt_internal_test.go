@@ -47,7 +47,7 @@ func checkAdoptable(t *testing.T, name string, pl *poolLang, now time.Time, want
 	if want >= 0 {
 		r = pl.refills[want]
 	}
-	if got := pl.adoptable(now, true); got != r {
+	if got, _, _ := pl.adoptable(now, true); got != r {
 		t.Errorf("%s: adoptable = %v, want %v", name, got, r)
 	}
 }
@@ -99,7 +99,7 @@ func TestAdoptableByCPU(t *testing.T) {
 		checkAdoptable(t, tc.name, pl, now, tc.want)
 		// Where runs take every CPU, a background refill is not judged
 		// by its CPU: a run starts cold.
-		if got := pl.adoptable(now, false); got != nil {
+		if got, _, _ := pl.adoptable(now, false); got != nil {
 			t.Errorf("%s, no CPU free: adoptable = %v, want none", tc.name, got)
 		}
 	}
@@ -123,8 +123,8 @@ func TestAdoptableSavesInterpreterStart(t *testing.T) {
 	} {
 		r := &refill{start: now.Add(-tc.age), started: true}
 		pl := &poolLang{refills: []*refill{r}, refillTook: ms(430), coldTook: ms(190), coldRunMin: tc.coldRunMin, warmRunMin: tc.warmRunMin}
-		if got := pl.adoptable(now, true) == r; got != tc.adopt {
-			t.Errorf("%s: adopted %v, want %v", tc.name, got, tc.adopt)
+		if got, _, _ := pl.adoptable(now, true); (got == r) != tc.adopt {
+			t.Errorf("%s: adopted %v, want %v", tc.name, got == r, tc.adopt)
 		}
 	}
 }

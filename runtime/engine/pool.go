@@ -270,11 +270,11 @@ func (p *pool) take(job sandbox.Job) *box {
 		if wait <= 0 {
 			if claim == nil || !slices.Contains(pl.refills, claim) {
 				now, cpuFree := time.Now(), p.running+1 < p.cpus
-				if claim = pl.adoptable(now, cpuFree); claim == nil {
+				var left, cold time.Duration
+				if claim, left, cold = pl.adoptable(now, cpuFree); claim == nil {
 					p.e.log.Debug("pool empty: the run starts cold", "language", pl.lang.Name, "refills", len(pl.refills))
 					break
 				}
-				left, cold, _ := pl.remaining(claim, now, cpuFree)
 				p.e.log.Debug("pool empty: the run waits for a refill", "language", pl.lang.Name, "left", left, "cold", cold,
 					"cpu_free", cpuFree, "age", now.Sub(claim.start), "refill_cpu", pl.refillCPU, "cold_cpu_min", pl.coldCPUMin, "warm_run_cpu_min", pl.warmRunCPUMin)
 				// It will be ready sooner than a cold start: it becomes
@@ -356,25 +356,26 @@ func (p *pool) runStarted(cold bool) (booted, over func()) {
 	}
 	p.arrived = time.Now()
 	p.mu.Unlock()
-	ended := !cold
+	bootDone := !cold
+	endBoot := func() bool { // p.mu is held
+		if bootDone {
+			return false
+		}
+		bootDone = true
+		p.booting--
+		return true
+	}
 	booted = func() {
 		p.mu.Lock()
-		wasBooting := !ended
-		if !ended {
-			ended = true
-			p.booting--
-		}
+		ended := endBoot()
 		p.mu.Unlock()
-		if wasBooting {
+		if ended {
 			p.poke() // next says whether a refill may start now
 		}
 	}
 	return booted, func() {
 		p.mu.Lock()
-		if !ended {
-			ended = true
-			p.booting--
-		}
+		endBoot()
 		p.running--
 		p.ended = time.Now()
 		p.mu.Unlock()
@@ -452,7 +453,8 @@ func average(avg, d time.Duration) time.Duration {
 // 1-2 s where a cold start took 0.3-0.5 s on the same loaded host); and
 // comparing its CPU left with a cold start's duration, measured, made
 // every miss wait on a loaded host (load 7-12: misses 309 ms against 281
-// ms with the pool off), since load stretches durations and not CPU.
+// ms with the pool off), since load stretches durations more than CPU
+// (though it adds CPU too: see poolLang.filled).
 // Here a restore and its prime use 230-300 ms of CPU and take about as
 // long in the foreground; a cold sandbox until it answered print(1) uses
 // about 165 ms.
@@ -468,22 +470,24 @@ func average(avg, d time.Duration) time.Duration {
 // sandboxes made by refills instead of cold starts cost runs CPU
 // (measured at concurrency 2, load 20: pool on/off 1.02 against 1.24
 // without adoption by CPU).
-func (pl *poolLang) adoptable(now time.Time, cpuFree bool) *refill {
-	var best *refill
+//
+// With the refill, it returns what that has left and what a cold start
+// would cost, as remaining says.
+func (pl *poolLang) adoptable(now time.Time, cpuFree bool) (best *refill, left, cold time.Duration) {
 	var bestShare float64
 	for _, r := range pl.refills {
 		if r.claimed {
 			continue
 		}
-		left, cold, ok := pl.remaining(r, now, cpuFree)
-		if !ok || left >= cold {
+		l, c, ok := pl.remaining(r, now, cpuFree)
+		if !ok || l >= c {
 			continue
 		}
-		if share := float64(left) / float64(cold); best == nil || share < bestShare {
-			best, bestShare = r, share
+		if share := float64(l) / float64(c); best == nil || share < bestShare {
+			best, bestShare, left, cold = r, share, l, c
 		}
 	}
-	return best
+	return best, left, cold
 }
 
 // remaining estimates what the refill r has left to do at a run's
