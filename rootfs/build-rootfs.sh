@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # build-rootfs.sh — the recipe for safe-run's default image, and its cache check.
 #
-#   scripts/build-rootfs.sh            build the image if the cache lacks it, then import it
-#   scripts/build-rootfs.sh --key      print the recipe key (a hash of this file)
-#   scripts/build-rootfs.sh --archive OUT.tar.gz
+#   rootfs/build-rootfs.sh             build the image if the cache lacks it, then import it
+#   rootfs/build-rootfs.sh --key       print the recipe key (a hash of this file)
+#   rootfs/build-rootfs.sh --archive OUT.tar.gz
 #                                      only build the archive (for another machine)
+#   rootfs/build-rootfs.sh --root DIR  only build the image's root in DIR, as root
+#                                      (what `safe-run image build default` does as root)
 #
 # This file *is* the recipe: the image is cached under a hash of its bytes, so
 # any edit here produces a new image and leaves the old one alone. As root the
@@ -79,19 +81,11 @@ build_archive_unprivileged() {
 	log "archive ready: $(du -h "$out" | cut -f1)"
 }
 
-build_archive() {
-	local out=$1
-	if [[ $(id -u) != 0 ]]; then
-		build_archive_unprivileged "$out"
-		return
-	fi
+# build_root ROOT: the image, built by root with debootstrap into the empty
+# or missing directory ROOT.
+build_root() {
+	local root=$1
 	command -v debootstrap >/dev/null || { echo "build-rootfs: debootstrap is missing; install it: apt-get install -y debootstrap" >&2; exit 1; }
-
-	local work
-	work=$(mktemp -d /var/tmp/safe-run-rootfs.XXXXXX)
-	# shellcheck disable=SC2064
-	trap "rm -rf '$work'" EXIT
-	local root=$work/root
 
 	log "debootstrap $SUITE (minbase) into $root"
 	debootstrap --variant=minbase "$SUITE" "$root" ${SAFE_RUN_DEBIAN_MIRROR:+"$SAFE_RUN_DEBIAN_MIRROR"} |
@@ -116,6 +110,21 @@ build_archive() {
 	# numpy finds BLAS through /etc/ld.so.cache (mmdebstrap writes it itself).
 	chroot "$root" ldconfig
 	configure "$root"
+	log "image ready in $root"
+}
+
+build_archive() {
+	local out=$1
+	if [[ $(id -u) != 0 ]]; then
+		build_archive_unprivileged "$out"
+		return
+	fi
+	local work
+	work=$(mktemp -d /var/tmp/safe-run-rootfs.XXXXXX)
+	# shellcheck disable=SC2064
+	trap "rm -rf '$work'" EXIT
+	local root=$work/root
+	build_root "$root"
 
 	log "writing $out"
 	mkdir -p "$(dirname "$out")"
@@ -133,6 +142,10 @@ case "${1:-}" in
 --archive)
 	build_archive "${2:?usage: build-rootfs.sh --archive OUT.tar.gz}"
 	;;
+--root)
+	[[ $(id -u) == 0 ]] || { echo "build-rootfs: --root builds with debootstrap, as root; as another user, build an archive with --archive OUT.tar.gz" >&2; exit 1; }
+	build_root "${2:?usage: build-rootfs.sh --root DIR}"
+	;;
 "")
 	[[ -x $safe_run ]] || { echo "build-rootfs: $safe_run is missing; run: make bin/safe-run" >&2; exit 1; }
 	if "$safe_run" image check --name default --key "$key" >/dev/null 2>&1; then
@@ -148,7 +161,7 @@ case "${1:-}" in
 	"$safe_run" image import --name default --key "$key" "$archive"
 	;;
 *)
-	sed -n '2,12p' "${BASH_SOURCE[0]}" >&2
+	sed -n '2,9p' "${BASH_SOURCE[0]}" >&2
 	exit 2
 	;;
 esac
