@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -88,7 +89,13 @@ func (s Store) buildInPlace(opts ImportOptions, log io.Writer) (Image, error) {
 	if err != nil {
 		return Image{}, err
 	}
-	defer os.RemoveAll(work) // after a successful rename, nothing is left
+	defer func() {
+		// A recipe stopped midway can leave debootstrap's mounts (proc,
+		// sysfs, in some containers the host's /dev bound) in the tree:
+		// detach them before removing what is left.
+		unmountBelow(work)
+		os.RemoveAll(work) // after a successful rename, nothing is left
+	}()
 	if err := runRecipe(opts.context(), log, "--root", rootDir); err != nil {
 		return Image{}, err
 	}
@@ -176,6 +183,30 @@ func settleTree(ctx context.Context, root string, limits ExtractLimits) (Extract
 		return nil
 	})
 	return stats, err
+}
+
+// unmountBelow detaches every mount below dir, the deepest first.
+func unmountBelow(dir string) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	var below []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) < 5 {
+			continue
+		}
+		// The mount point is field 5, its spaces and such escaped in octal.
+		mp := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(fields[4])
+		if strings.HasPrefix(mp, dir+"/") {
+			below = append(below, mp)
+		}
+	}
+	sort.Slice(below, func(i, j int) bool { return len(below[i]) > len(below[j]) })
+	for _, mp := range below {
+		_ = unix.Unmount(mp, unix.MNT_DETACH)
+	}
 }
 
 // dropXattrs removes every extended attribute of path, not following a

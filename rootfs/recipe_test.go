@@ -204,4 +204,17 @@ echo built
 	if _, err := s.Lookup(DefaultName); err == nil {
 		t.Error("Lookup found the default image after its rebuild failed")
 	}
+
+	// A recipe that leaves a mount in the tree: the tree is refused, the
+	// mount detached and the tree removed.
+	recipeScript = []byte("mkdir -p \"$2/proc\" && mount -t tmpfs none \"$2/proc\" && echo x >\"$2/proc/x\"\n")
+	if _, _, err := s.BuildDefault(context.Background(), opts, &log); err == nil || !strings.Contains(err.Error(), "a file system is mounted there") {
+		t.Errorf("BuildDefault with a mount left in the tree: %v", err)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(s.Dir, "staging")); len(entries) != 0 {
+		t.Errorf("staging/ keeps %d entries after a refused build", len(entries))
+	}
+	if mounts, _ := os.ReadFile("/proc/self/mountinfo"); strings.Contains(string(mounts), s.Dir) {
+		t.Errorf("a mount below the store is left:\n%s", mounts)
+	}
 }
