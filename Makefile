@@ -4,7 +4,8 @@
 SHELL := /bin/bash
 GO ?= go
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo dev)
-GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*') $(wildcard agent/drivers/*) go.mod go.sum rootfs/build-rootfs.sh
+# Not bin/: it holds a copy of gVisor's sources while runsc builds (bin/runsc.build).
+GO_SOURCES := $(shell find . -name '*.go' -not -path './scripts/*' -not -path './bin/*') $(wildcard agent/drivers/*) go.mod go.sum rootfs/build-rootfs.sh
 # Integration tests use exactly these binaries and the default image.
 TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_BIN=$(CURDIR)/bin/safe-run \
@@ -93,8 +94,13 @@ test-unit:
 # tests against the real runsc and the default image, one package at a time
 # so that timing-sensitive checks do not compete for the two CPUs; then
 # independent MCP clients (the MCP Inspector and the conformance suite)
-# against the built server.
-test: deps build runsc rootfs vet
+# against the built server. runsc and the default image are made side by
+# side: runsc's compilation takes both CPUs for minutes, the image's build
+# mostly the network and the disk (it needs bin/safe-run first).
+test: deps
+	$(MAKE) --no-print-directory bin/safe-run
+	$(MAKE) --no-print-directory -j2 runsc rootfs
+	$(MAKE) --no-print-directory build vet
 	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 60m ./...
 	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
 
