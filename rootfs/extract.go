@@ -220,6 +220,18 @@ func (x *extractor) finishDirs() error {
 	return nil
 }
 
+// keptMode is what an image's entry keeps of mode, its permission and
+// special bits (as a tar header or st_mode holds them): the permissions,
+// and the sticky bit on a directory (/tmp-like directories keep it);
+// setuid and setgid never. stripped says whether a bit was dropped.
+func keptMode(mode int64, dir bool) (kept fs.FileMode, stripped bool) {
+	kept = fs.FileMode(mode) & fs.ModePerm
+	if dir && mode&0o1000 != 0 {
+		kept |= fs.ModeSticky
+	}
+	return kept, mode&0o6000 != 0 || !dir && mode&0o1000 != 0
+}
+
 // ErrUnsafePath reports an archive entry that would land outside the root.
 var ErrUnsafePath = errors.New("path leaves the image root")
 
@@ -262,15 +274,12 @@ func (x *extractor) entry(hdr *tar.Header, body io.Reader) error {
 			x.layer[p] = true
 		}
 	}
-	mode := fs.FileMode(hdr.Mode) & fs.ModePerm
-	if hdr.Mode&0o6000 != 0 || hdr.Typeflag != tar.TypeDir && hdr.Mode&0o1000 != 0 {
+	mode, stripped := keptMode(hdr.Mode, hdr.Typeflag == tar.TypeDir)
+	if stripped {
 		x.stats.Stripped++
 	}
 	switch hdr.Typeflag {
 	case tar.TypeDir:
-		if hdr.Mode&0o1000 != 0 {
-			mode |= fs.ModeSticky // /tmp-like directories keep their sticky bit
-		}
 		if name != "." {
 			if err := x.prepare(name, true); err != nil {
 				return err

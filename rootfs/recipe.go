@@ -159,21 +159,21 @@ func settleTree(ctx context.Context, root string, limits ExtractLimits) (Extract
 		if d.Type()&fs.ModeSymlink != 0 {
 			return nil
 		}
-		mode := st.Mode & 0o7777
-		keep := mode &^ (unix.S_ISUID | unix.S_ISGID)
-		if !d.IsDir() {
-			keep &^= unix.S_ISVTX
-		}
-		if keep != mode {
+		if kept, stripped := keptMode(int64(st.Mode&0o7777), d.IsDir()); stripped {
 			stats.Stripped++
-			if err := unix.Chmod(path, keep); err != nil {
-				return &os.PathError{Op: "chmod", Path: path, Err: err}
+			if err := os.Chmod(path, kept); err != nil {
+				return err
 			}
 		}
-		if !d.Type().IsRegular() || st.Nlink > 1 && seen[st.Ino] {
+		if !d.Type().IsRegular() {
 			return nil
 		}
-		seen[st.Ino] = st.Nlink > 1
+		if st.Nlink > 1 {
+			if seen[st.Ino] {
+				return nil
+			}
+			seen[st.Ino] = true
+		}
 		if st.Size > limits.MaxFileBytes {
 			return fmt.Errorf("%s: %d bytes, over the %d-byte limit of one file", rel, st.Size, limits.MaxFileBytes)
 		}
