@@ -52,7 +52,7 @@ flock 9
 
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 # A build cache of its own, removed once every binary is built: the
-# control plane's 2-3 GB of compiled packages serve no other build, and
+# control plane's compiled packages serve no other build, and
 # root's own cache stays small enough to copy (test-rootless.sh seeds the
 # user's from it). An interrupted build keeps it, to resume.
 export GOCACHE=$root/$key/go-build
