@@ -71,20 +71,12 @@ func (s Store) BuildDefault(ctx context.Context, opts ImportOptions, log io.Writ
 // fresh machine here; on a disk that writes slowly the extraction alone
 // took 229 s). The store stays locked throughout, as for an import.
 func (s Store) buildInPlace(opts ImportOptions, log io.Writer) (Image, error) {
-	unlock, err := s.lock()
-	if err != nil {
-		return Image{}, err
-	}
-	defer unlock()
-	s.removeStaging()
-	if _, err := s.checkRename(DefaultName, opts.Key, opts.Replace); err != nil {
-		return Image{}, err
-	}
-	// Another build may have finished while this one waited for the lock.
-	if img, err := s.image(opts.Key); err == nil {
-		img.Reused = true
-		return s.name(DefaultName, img, opts.Replace)
-	}
+	return s.locked(DefaultName, opts, func() (Image, error) { return s.recipeInStaging(opts, log) })
+}
+
+// recipeInStaging runs the recipe in a new staging directory and installs
+// what it built; the caller holds the store's lock.
+func (s Store) recipeInStaging(opts ImportOptions, log io.Writer) (Image, error) {
 	work, rootDir, err := s.newStaging()
 	if err != nil {
 		return Image{}, err
@@ -108,10 +100,7 @@ func (s Store) buildInPlace(opts ImportOptions, log io.Writer) (Image, error) {
 	}
 	img := Image{Key: opts.Key, Source: "recipe default-" + opts.Key + " (debootstrap, built in place)",
 		Created: time.Now().UTC(), Stats: stats, Mountpoints: recorded(opts.Mountpoints)}
-	if img, err = s.install(work, img); err != nil {
-		return Image{}, err
-	}
-	return s.name(DefaultName, img, opts.Replace)
+	return s.install(work, img)
 }
 
 // settleTree makes a root built on this host hold only what Extract lets

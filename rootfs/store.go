@@ -254,6 +254,14 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 	if err := checkPin(name, nil); err != nil {
 		return Image{}, fmt.Errorf("import %s: %w", archivePath, err)
 	}
+	return s.locked(name, opts, func() (Image, error) { return s.extract(name, archivePath, opts) })
+}
+
+// locked makes an image with build, under the store's lock, and points name
+// at it: unless opts.Key names an image already complete (one made while
+// this call waited for the lock, say), which is reused. An empty key is
+// only known once build has read its source, which checks the name itself.
+func (s Store) locked(name string, opts ImportOptions, build func() (Image, error)) (Image, error) {
 	unlock, err := s.lock()
 	if err != nil {
 		return Image{}, err
@@ -268,7 +276,7 @@ func (s Store) Import(name, archivePath string, opts ImportOptions) (Image, erro
 	}
 	img, err := s.image(opts.Key)
 	if opts.Key == "" || err != nil {
-		if img, err = s.extract(name, archivePath, opts); err != nil {
+		if img, err = build(); err != nil {
 			return Image{}, err
 		}
 	} else {
