@@ -106,7 +106,7 @@ func depth(p string) int {
 	return n
 }
 
-// emptyDir says whether dir (relative to workdir) is a directory with
+// emptyDir says whether dir (relative to the workspace) is a directory with
 // nothing in it, so that collecting it, which walks it on a thread of its
 // own as the program's user (see asUser), can be skipped: most runs leave
 // their output directory empty. It looks as the agent itself, root, but
@@ -114,12 +114,15 @@ func depth(p string) int {
 // of the workspace, and returns nothing of what it sees but "empty": where
 // the answer is no, or the look fails, the walk as the user decides what
 // comes back, as it always did.
-func emptyDir(workdir, dir string) bool {
-	ws, err := unix.Open(workdir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+//
+// The workspace stays open from the first look (see workspace): opening
+// and closing it were two of the system calls, 0.1-0.5 ms each inside
+// gVisor, between a warm run's end and its Exit.
+func (s *server) emptyDir(dir string) bool {
+	ws, err := s.workspace()
 	if err != nil {
 		return false
 	}
-	defer unix.Close(ws)
 	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NONBLOCK, Resolve: beneathFlags}
 	fd, err := unix.Openat2(ws, dir, how)
 	if err != nil {
@@ -151,4 +154,19 @@ func emptyDir(workdir, dir string) bool {
 			b = b[reclen:]
 		}
 	}
+}
+
+// workspace returns a descriptor of the workspace directory, opened on
+// first use (O_PATH: it reads nothing through it itself) and kept: the
+// workspace is a mount point that nothing in the sandbox can replace.
+func (s *server) workspace() (int, error) {
+	if s.wsOpen {
+		return s.ws, nil
+	}
+	ws, err := unix.Open(s.cfg.Workdir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	s.ws, s.wsOpen = ws, true
+	return ws, nil
 }

@@ -85,6 +85,9 @@ type server struct {
 	// its Exit is sent; 0 for none.
 	pendingKill int
 	seen        map[string]fileStamp // output files returned so far in this session
+	// ws is the workspace, open once wsOpen (see workspace).
+	ws     int
+	wsOpen bool
 }
 
 func (s *server) send(ev Event) error {
@@ -227,7 +230,7 @@ func (s *server) run(req *Request) *Exit {
 		exit.Code = -1 // not seen to end: killed at its timeout
 	}
 	finishCaptures(exit, stdout, stderr)
-	if req.Collect != nil && !emptyDir(s.cfg.Workdir, req.Collect.Dir) {
+	if req.Collect != nil && !s.emptyDir(req.Collect.Dir) {
 		s.killPending() // the files as the run left them, as it ended
 		exit.Files = collect(s.cfg.Workdir, req.Collect, s.cfg.User)
 	}
@@ -247,20 +250,18 @@ func (s *server) launch(req *Request) (*child, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &child{pidfd: -1, report: -1, stdout: -1, stderr: -1}
+	c := &child{pidfd: -1, report: -1, comm: -1, cmd: -1, stdout: -1, stderr: -1}
 	var inR, outW, errW int
 	inR, inW, err := stdinPipe()
 	if err != nil {
 		return nil, err
 	}
 	if c.stdout, outW, err = outputPipe(); err != nil {
-		closeFDs(inR)
-		inW.Close()
+		closeFDs(inR, inW)
 		return nil, err
 	}
 	if c.stderr, errW, err = outputPipe(); err != nil {
-		closeFDs(inR, outW)
-		inW.Close()
+		closeFDs(inR, inW, outW)
 		c.close()
 		return nil, err
 	}
@@ -268,7 +269,7 @@ func (s *server) launch(req *Request) (*child, error) {
 	c.pid, c.done, err = s.forkExec(path, req.Argv, append(os.Environ(), req.Env...), []uintptr{uintptr(inR), uintptr(outW), uintptr(errW)}, &pidfd)
 	closeFDs(inR, outW, errW)
 	if err != nil {
-		inW.Close()
+		closeFDs(inW)
 		c.close()
 		return nil, fmt.Errorf("start %s: %w", req.Argv[0], err)
 	}
@@ -281,37 +282,32 @@ func (s *server) launch(req *Request) (*child, error) {
 	return c, nil
 }
 
-// stdinPipe returns a pipe for a program's stdin: its read end blocks, the
-// agent's write end is an *os.File on Go's poller.
-func stdinPipe() (r int, w *os.File, err error) {
-	r, wfd, err := pipe()
-	if err != nil {
-		return -1, nil, err
+// stdinPipe returns a pipe for a program's stdin; both ends block. The
+// agent's end stays off Go's poller: closing it, all a run without input
+// does with it, is then one system call, not two.
+func stdinPipe() (r, w int, err error) {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		return -1, -1, err
 	}
-	// pipe made the read end non-blocking: swap the modes.
-	if err := unix.SetNonblock(r, false); err != nil {
-		closeFDs(r, wfd)
-		return -1, nil, err
-	}
-	if err := unix.SetNonblock(wfd, true); err != nil {
-		closeFDs(r, wfd)
-		return -1, nil, err
-	}
-	return r, os.NewFile(uintptr(wfd), "stdin"), nil
+	return p[0], p[1], nil
 }
 
 // feedStdin writes data to the program's stdin and closes it: at once if it
-// fits the pipe, which needs no other goroutine, else in the background.
-func feedStdin(w *os.File, data []byte) {
+// fits the pipe, which needs no other goroutine, else in the background,
+// where the write may hold a thread until the program reads or exits.
+func feedStdin(w int, data []byte) {
 	if len(data) <= 16<<10 {
-		_, _ = w.Write(data) // EPIPE if the program is gone: nobody to read it
-		w.Close()
+		if len(data) > 0 {
+			_ = writeFull(w, data) // EPIPE if the program is gone: nobody to read it
+		}
+		unix.Close(w)
 		return
 	}
 	go func() {
 		// The program may exit without reading its input; EPIPE ends this.
-		_, _ = w.Write(data)
-		w.Close()
+		_ = writeFull(w, data)
+		unix.Close(w)
 	}()
 }
 

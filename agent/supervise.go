@@ -52,8 +52,14 @@ type child struct {
 	// started cold.
 	report int
 	// named says the program is a warm driver, which ends by naming its
-	// process "srexit:CODE" (see endName) and then closing its stdio.
+	// process "srexit:CODE" (see endName) and then closing its stdio;
+	// comm is its /proc/PID/comm.
 	named bool
+	comm  int
+	// cmd is the agent's end of a warm driver's command pipe, kept open
+	// until the run's end: closing it is one more system call before the
+	// run, and the driver reads nothing more. -1 for none.
+	cmd int
 	// stdout and stderr are the non-blocking read ends of its output
 	// pipes; -1 once closed.
 	stdout, stderr int
@@ -156,7 +162,7 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		}
 		if !ended && c.named && c.stdout < 0 && c.stderr < 0 {
 			c.named = false // asked once: the pipes cannot open again
-			if code, ok := endName(c.pid); ok {
+			if code, ok := endName(c.comm); ok {
 				res.named, res.reported, ended = true, code, true
 				res.took = time.Since(start)
 			}
@@ -245,16 +251,17 @@ func (s *server) killPending() {
 // see; a program can set it too, and so end its own run early, as it could
 // by exiting.
 //
-// It reads the name with three plain system calls: os.ReadFile would add
-// a stat and the poller's registration to the end of every warm run.
-func endName(pid int) (code int, ok bool) {
-	fd, err := unix.Open("/proc/"+strconv.Itoa(pid)+"/comm", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-	if err != nil {
+// comm is the process's /proc/PID/comm, opened when the driver started:
+// one pread from its start reads the name as it is now (the kernel, and
+// gVisor, make it anew for a read at an offset other than the last read's
+// end), where opening, reading and closing it took three system calls at
+// the end of every warm run.
+func endName(comm int) (code int, ok bool) {
+	if comm < 0 {
 		return 0, false
 	}
 	var b [64]byte // a name is at most 16 bytes
-	n, err := unix.Read(fd, b[:])
-	unix.Close(fd)
+	n, err := unix.Pread(comm, b[:], 0)
 	if err != nil || n <= 0 {
 		return 0, false
 	}
@@ -439,7 +446,7 @@ func (c *child) closePidfd() {
 // close closes every descriptor of c still open.
 func (c *child) close() {
 	c.closePidfd()
-	for _, fd := range []*int{&c.report, &c.stdout, &c.stderr} {
+	for _, fd := range []*int{&c.report, &c.comm, &c.cmd, &c.stdout, &c.stderr} {
 		if *fd >= 0 {
 			unix.Close(*fd)
 			*fd = -1

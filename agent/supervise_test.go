@@ -92,10 +92,19 @@ func TestEmptyDir(t *testing.T) {
 		{"link", false},    // a link is not followed
 		{"../" + filepath.Base(ws), false},
 	}
+	s := &server{cfg: Config{Workdir: ws}}
 	for _, tt := range tests {
-		if got := emptyDir(ws, tt.dir); got != tt.want {
+		if got := s.emptyDir(tt.dir); got != tt.want {
 			t.Errorf("emptyDir(%q) = %v, want %v", tt.dir, got, tt.want)
 		}
+	}
+	// One descriptor of the workspace serves every look.
+	fd, err := s.workspace()
+	if err != nil || !s.wsOpen {
+		t.Fatalf("workspace() = %d, %v after the looks; want it open", fd, err)
+	}
+	if again, _ := s.workspace(); again != fd {
+		t.Errorf("workspace() opened the workspace again: %d, then %d", fd, again)
 	}
 }
 

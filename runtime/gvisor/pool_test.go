@@ -93,6 +93,34 @@ func TestPoolRefillsFromCheckpoint(t *testing.T) {
 	waitPooled(t, rt, "python") // refilled after the last run too
 }
 
+// TestPoolRestoredRunEndsByName checks that a run in a sandbox restored
+// from the checkpoint ends when the warm driver names its end, not at the
+// exit of its process: the agent reads the name through /proc/PID/comm,
+// opened before the checkpoint, and the pidfd made at the driver's fork
+// watches it; both must work in the restored sandbox. The program names
+// itself as the driver does at its end, closes its stdio and sleeps past
+// the job's timeout, which would end the run if the name went unread.
+func TestPoolRestoredRunEndsByName(t *testing.T) {
+	rt := newPoolRuntime(t, "python")
+	job := sandbox.Job{Language: "python", Limits: sandbox.Limits{Timeout: 20 * time.Second}, Code: `import ctypes, os, time
+print("named", flush=True)
+ctypes.CDLL(None).prctl(15, b"srexit:7", 0, 0, 0)
+os.closerange(0, 3)
+time.sleep(60)
+`}
+	for i := range 2 {
+		id := waitPooled(t, rt, "python")
+		if i > 0 && !restored(rt, id) {
+			t.Fatalf("refill %d was a cold start, not a restore", i)
+		}
+		res := mustRun(t, rt, job)
+		if res.SandboxID != id || res.ExitCode != 7 || res.Stdout != "named\n" || res.Status == sandbox.StatusTimeout {
+			t.Errorf("run %d in %s (pooled %s): status %s, exit code %d, stdout %q; want code 7 from the name, with the output",
+				i, res.SandboxID, id, res.Status, res.ExitCode, res.Stdout)
+		}
+	}
+}
+
 // TestPoolSameResults runs the same jobs with the pool off and on and
 // compares what matters of the results.
 func TestPoolSameResults(t *testing.T) {
