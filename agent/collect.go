@@ -116,8 +116,8 @@ func depth(p string) int {
 // comes back, as it always did.
 //
 // The workspace stays open from the first look (see workspace): opening
-// and closing it were two of the system calls, 0.1-0.5 ms each inside
-// gVisor, between a warm run's end and its Exit.
+// and closing it were two more system calls between a warm run's end and
+// its Exit.
 func (s *server) emptyDir(dir string) bool {
 	ws, err := s.workspace()
 	if err != nil {

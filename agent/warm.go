@@ -71,7 +71,8 @@ type warmProgram struct {
 	// gives none at fork); comm is its /proc/PID/comm, where an
 	// interpreter's driver names its end (see endName), opened ahead so
 	// that the end of a run reads it with one system call (-1 for the
-	// shell). Each system call of a run costs 0.1-0.5 ms inside gVisor.
+	// shell). Inside gVisor a system call costs a few µs once the sandbox
+	// is busy and up to 0.1-0.5 ms on one that waited idle in the pool.
 	pidfd   int
 	comm    int
 	cmd     int    // fd 3 of the driver: its commands (blocking)

@@ -53,8 +53,9 @@ process.stderr.write('');
   } catch { /* only a warm-up */ }
   fs.rmSync(scratch, { recursive: true, force: true });
 }
-// Every system call on the way to the program costs 0.1-0.5 ms inside
-// gVisor: the umask, which nothing changes before the run, is read now.
+// Inside gVisor a system call on the way to the program costs a few µs
+// once the sandbox is busy and up to 0.1-0.5 ms on one that waited idle in
+// the pool: the umask, which nothing changes before the run, is read now.
 const umask = process.umask(0o022);
 process.umask(umask);
 fs.writeSync(4, 'ready\n');

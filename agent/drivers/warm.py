@@ -107,8 +107,9 @@ def parse_run(payload):
             [decode(a) for a in fields[2:-1]])
 
 
-# Every system call on the way to the program and back costs 0.1-0.5 ms
-# inside gVisor, so the steps below take the fewest: the umask and the
+# Inside gVisor a system call on the way to the program and back costs a
+# few µs once the sandbox is busy and up to 0.1-0.5 ms on one that waited
+# idle in the pool, so the steps below take the fewest: the umask and the
 # working directory, which nothing changes before the run, are read now.
 UMASK = os.umask(0o022)
 os.umask(UMASK)
