@@ -19,6 +19,20 @@ func init() {
 	// agent's file operations, which switch their thread to the program's
 	// user and let it end with them, never run on it (see agent.Config.User).
 	runtime.LockOSThread()
+	// One P. The agent only supervises, and inside gVisor each system
+	// call and each wake-up of a thread costs 0.1-0.5 ms (here, on a
+	// sandbox that waited in the pool), paid beside the run on a host of
+	// few CPUs. With a P per CPU, Go's runtime woke threads of the agent
+	// during every run: when the agent's one goroutine blocked in its poll
+	// for the run's end, sysmon kept polling (nanosleep) and handed the
+	// P to another thread, and it reread the CPU affinity to update
+	// GOMAXPROCS, which setting it stops. Counted with runsc --strace over
+	// one warm Python print(1), from the request's read to the Exit's
+	// write: 23 nanosleeps and 18 futex calls with two Ps, 12 and 6 with one.
+	// Side by side with two Ps (scripts/bench -warm -baseline, two runs),
+	// warm print(1) p50 13.5 and 14.6 ms against 15.3 and 15.7, and a
+	// restore with its prime no more CPU (727 against 766 ms).
+	runtime.GOMAXPROCS(1)
 }
 
 func main() {
