@@ -19,10 +19,9 @@ func init() {
 	// agent's file operations, which switch their thread to the program's
 	// user and let it end with them, never run on it (see agent.Config.User).
 	runtime.LockOSThread()
-	// One P. The agent only supervises, and inside gVisor each system
-	// call and each wake-up of a thread costs 0.1-0.5 ms (here, on a
-	// sandbox that waited in the pool), paid beside the run on a host of
-	// few CPUs. With a P per CPU, Go's runtime woke threads of the agent
+	// One P. The agent only supervises, and inside gVisor each wake-up of
+	// a thread costs 0.3-2 ms here (a system call of a busy sandbox a few
+	// µs), paid beside the run on a host of few CPUs. With a P per CPU, Go's runtime woke threads of the agent
 	// during every run: when the agent's one goroutine blocked in its poll
 	// for the run's end, sysmon kept polling (nanosleep) and handed the
 	// P to another thread, and it reread the CPU affinity to update
