@@ -54,6 +54,9 @@ type options struct {
 	// measured in the same turns.
 	warmRuns        int
 	monitorBaseline string
+	// idle is how long a timed warm call waits, once every pool is
+	// full, before it is made (see server.timed).
+	idle time.Duration
 }
 
 // quickOptions are what -quick sets, unless given: a run of a few minutes
@@ -86,6 +89,7 @@ func main() {
 	burstThroughput := flag.Bool("burst-throughput", false, "-burst-only: also the throughput rows pool on and off at concurrency 1, 2 and 4 (-throughput-runs each, -rounds times)")
 	baseline := flag.String("baseline", "", "with -warm, -cpu or -burst-only: a directory holding another build's safe-run, safe-run-agent, safe-run-shim and safe-run-net, measured in turn with this one")
 	monitorOnly := flag.Bool("monitor", false, "measure only the behaviour monitor's overhead: print(1), import pandas and a file-heavy program cold, and a pooled MCP print(1), at --monitor off, default and full, interleaved (-runs each)")
+	flag.DurationVar(&o.idle, "idle", time.Second, "how long each timed warm call waits, with every pool full, before it is made: a call after the machine rested, as calls a person or a model makes are")
 	flag.IntVar(&o.warmRuns, "warm-runs", 0, "-monitor: warm calls per level (0: -runs)")
 	flag.StringVar(&o.monitorBaseline, "monitor-baseline", "", "-monitor: another safe-run binary (with its agent and shim beside it; runsc is -runsc, as for this build), e.g. an earlier commit's, whose warm row is measured in the same turns")
 	flag.Parse()
@@ -292,6 +296,7 @@ func run(o options) (*Report, error) {
 	}
 
 	// The pool-on row of the layer table is the warm series' Python rows.
+	rep.WarmIdle = o.idle.String()
 	if rep.Warm, err = measureWarm(warm, o.runs); err != nil {
 		return nil, err
 	}

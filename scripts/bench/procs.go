@@ -101,6 +101,7 @@ type server struct {
 	c        *client.Client
 	stateDir string
 	size     int // sandboxes in its pool when it is full
+	idle     time.Duration
 }
 
 // startServer starts `safe-run serve` with a pool of size sandboxes in
@@ -111,7 +112,7 @@ func startServer(o options, cg *cpuCgroup, size int, args ...string) (*server, e
 	if err != nil {
 		return nil, err
 	}
-	s := &server{stateDir: dir, size: size}
+	s := &server{stateDir: dir, size: size, idle: o.idle}
 	// Every build compared runs the same runsc (-runsc): what differs is
 	// safe-run, and a baseline directory need not hold a runsc of its own.
 	all := append([]string{"serve", "--state-dir", dir, "--runsc", o.runsc, "--log-level", "error", "--max-concurrent", "4"}, args...)
@@ -152,12 +153,17 @@ func (s *server) callLang(language, code string) error {
 	return nil
 }
 
-// timed waits until the pool is full, then times one call alone: a
-// client's calls come seconds apart, and the pool refills between.
+// timed waits until the pool is full and then for s.idle (-idle), and
+// times one call alone: a client's calls come seconds apart, the pool
+// refills between, and the machine rests before the next. Called the moment
+// a refill ends, a call finds the CPUs awake, which one after a rest does
+// not: warm print(1) p50 13.3-14.0 ms that way against 15.5-17.0 ms after 1 s
+// at rest, the same two builds a few minutes apart (2026-12-06).
 func (s *server) timed(language, code string) (time.Duration, error) {
 	if err := s.waitFull(); err != nil {
 		return 0, err
 	}
+	time.Sleep(s.idle)
 	start := time.Now()
 	err := s.callLang(language, code)
 	return time.Since(start), err
