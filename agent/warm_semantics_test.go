@@ -315,6 +315,34 @@ func TestWarmPrimeReseeds(t *testing.T) {
 	}
 }
 
+// TestWarmHeapFrozen checks that the warm interpreter's heap (what the
+// preloads made, and the prime) is out of the garbage collector's
+// generations when the run starts, so that the run's collections walk only
+// the objects it makes, and that they still free the run's garbage.
+func TestWarmHeapFrozen(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this host")
+	}
+	lib := t.TempDir()
+	if err := os.WriteFile(filepath.Join(lib, "heapmark.py"), []byte("marker = [object()]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code := "import gc, heapmark\nmine = [object()]\n" +
+		"print('preloaded', any(o is heapmark.marker for o in gc.get_objects()))\n" +
+		"print('own', any(o is mine for o in gc.get_objects()))\n" +
+		"a = []\na.append(a)\ndel a\nprint('collected', gc.collect() > 0)\n"
+	warm := agent.Request{Op: agent.OpWarm, Interpreter: "python", Preload: []string{"heapmark"}, Env: []string{"PYTHONPATH=" + lib}, Timeout: 5 * time.Second}
+	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true}, warm, warm,
+		agent.Request{Files: []agent.File{{Path: "main.py", Data: []byte(code)}}, Argv: []string{"python3", "-u", "main.py"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20})
+	runs := s.runs(t)
+	if len(runs) != 3 || runs[2].exit.Code != 0 {
+		t.Fatalf("events: %s", dump(s.events))
+	}
+	if got, want := string(runs[2].stdout), "preloaded False\nown True\ncollected True\n"; got != want {
+		t.Errorf("the run printed %q, want %q", got, want)
+	}
+}
+
 // TestWarmBashEndsAsCold checks that a warm Bash sandbox (the run's shell
 // started ahead, waiting in its start-up file) runs the script exactly as a
 // cold one: the same process layout, arguments, shell flags, exit code and

@@ -347,12 +347,26 @@ def finish(code, interrupted):
 
 
 preload([m for m in os.environ.pop("SAFE_RUN_PRELOAD", "").split(",") if m])
+# What the interpreter holds now (the preloads: some 87,000 objects with
+# pandas) leaves the garbage collector's generations for good, and so does
+# what the prime makes (below). The run's collections then walk only its own
+# objects: in a sandbox restored from a checkpoint, a collection that walked
+# the preloaded heap mapped it back page by page. Measured (2026-12-06, warm
+# MCP calls, the program timing itself): 30,000 small objects made in 45 ms
+# against 200-220 ms (a full collection), 3,000 in 4 against 8-10 ms. A
+# program sees it only in gc.get_freeze_count() and gc.get_objects(), which
+# leave the frozen objects out; gc.unfreeze() undoes it.
+import gc  # noqa: E402
+
+_freeze = getattr(gc, "freeze", lambda: None)  # Python 3.7 and later
+_freeze()
 os.write(STATUS, b"ready\n")
 while True:
     command, payload = read_message()
     if command == "prime":
         reseed()
         prime()
+        _freeze()
         os.write(STATUS, b"primed\n")
         continue
     break
