@@ -296,17 +296,11 @@ func TestWarmPrimeReseeds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	warm := agent.Request{Op: agent.OpWarm, Interpreter: "python", Preload: []string{"fixedseed"}, Env: []string{"PYTHONPATH=" + lib}, Timeout: 5 * time.Second}
-	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true}, warm, warm,
-		agent.Request{Files: []agent.File{{Path: "main.py", Data: []byte(code)}}, Argv: []string{"python3", "-u", "main.py"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20})
-	runs := s.runs(t)
-	if len(runs) != 3 || runs[2].exit.Code != 0 {
-		t.Fatalf("events: %s", dump(s.events))
-	}
-	got := strings.Fields(string(runs[2].stdout))
+	stdout := primedPythonRun(t, lib, "fixedseed", code)
+	got := strings.Fields(string(stdout))
 	want := strings.Fields(string(frozen))
 	if len(got) != 3 || len(want) != 3 {
-		t.Fatalf("printed %q, frozen %q", runs[2].stdout, frozen)
+		t.Fatalf("printed %q, frozen %q", stdout, frozen)
 	}
 	for i, what := range []string{"random", "tempfile names", "numpy.random"} {
 		if got[i] == want[i] && got[i] != "-" {
@@ -331,16 +325,25 @@ func TestWarmHeapFrozen(t *testing.T) {
 		"print('preloaded', any(o is heapmark.marker for o in gc.get_objects()))\n" +
 		"print('own', any(o is mine for o in gc.get_objects()))\n" +
 		"a = []\na.append(a)\ndel a\nprint('collected', gc.collect() > 0)\n"
-	warm := agent.Request{Op: agent.OpWarm, Interpreter: "python", Preload: []string{"heapmark"}, Env: []string{"PYTHONPATH=" + lib}, Timeout: 5 * time.Second}
+	if got, want := string(primedPythonRun(t, lib, "heapmark", code)), "preloaded False\nown True\ncollected True\n"; got != want {
+		t.Errorf("the run printed %q, want %q", got, want)
+	}
+}
+
+// primedPythonRun warms a Python interpreter with module of the directory
+// lib preloaded, primes it as the engine primes a restored sandbox, runs
+// code as main.py in it and returns what the run printed; the run must end
+// with code 0.
+func primedPythonRun(t *testing.T, lib, module, code string) []byte {
+	t.Helper()
+	warm := agent.Request{Op: agent.OpWarm, Interpreter: "python", Preload: []string{module}, Env: []string{"PYTHONPATH=" + lib}, Timeout: 5 * time.Second}
 	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true}, warm, warm,
 		agent.Request{Files: []agent.File{{Path: "main.py", Data: []byte(code)}}, Argv: []string{"python3", "-u", "main.py"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20})
 	runs := s.runs(t)
 	if len(runs) != 3 || runs[2].exit.Code != 0 {
 		t.Fatalf("events: %s", dump(s.events))
 	}
-	if got, want := string(runs[2].stdout), "preloaded False\nown True\ncollected True\n"; got != want {
-		t.Errorf("the run printed %q, want %q", got, want)
-	}
+	return runs[2].stdout
 }
 
 // TestWarmBashEndsAsCold checks that a warm Bash sandbox (the run's shell
