@@ -74,9 +74,9 @@ func (g *Backend) FindCheckpoint(spec engine.StartSpec, tag string) (string, err
 //     each figure with the fast path off vs on, in turns): restore + prime
 //     CPU 680 vs 684 ms; warm MCP print(1) p50 13.3 vs 14.0 ms, 15.5 vs 17.0
 //     after 1 s at rest, and 9.4-13.3 vs 11.6-13.1 in three more rounds;
-//     pool-on throughput 4-9 % higher (one round); cold runs alike (1.54 vs 1.52 × raw).
-//     Within this machine's noise, so not adopted. (A first three rounds had
-//     given 12 vs 18 ms; that did not repeat.)
+//     pool-on throughput 4-9 % higher (one round); cold runs alike (1.54
+//     vs 1.52 × raw). Within this machine's noise, so not adopted. (A first
+//     three rounds had given 12 vs 18 ms; that did not repeat.)
 
 // Checkpoint saves sb with `runsc checkpoint` (which ends it) into a
 // staging directory, seals it and gives it its final name.
