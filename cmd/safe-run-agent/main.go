@@ -20,9 +20,10 @@ func init() {
 	// user and let it end with them, never run on it (see agent.Config.User).
 	runtime.LockOSThread()
 	// One P. The agent only supervises, and inside gVisor each wake-up of
-	// a thread costs 0.3-2 ms here (a system call of a busy sandbox a few
-	// µs), paid beside the run on a host of few CPUs. With a P per CPU, Go's runtime woke threads of the agent
-	// during every run: when the agent's one goroutine blocked in its poll
+	// a thread costs 0.1-0.3 ms here and each system call 45-170 µs in a
+	// sandbox that waited idle (a few µs once busy), paid beside the run on
+	// a host of few CPUs. With a P per CPU, Go's runtime woke threads of the
+	// agent during every run: when the agent's one goroutine blocked in its poll
 	// for the run's end, sysmon kept polling (nanosleep) and handed the
 	// P to another thread, and it reread the CPU affinity to update
 	// GOMAXPROCS, which setting it stops. Counted with runsc --strace over
