@@ -330,6 +330,25 @@ func TestWarmHeapFrozen(t *testing.T) {
 	}
 }
 
+// TestWarmExitRehearsed checks that the prime's rehearsal of logging's and
+// threading's exit steps leaves their locks as it found them: after a
+// prime, a run can still start a thread, log from it through the handler
+// of last resort (whose lock the rehearsal took), add a handler and log
+// through it, and its end still joins the thread, runs the atexit functions
+// and shuts logging down. A lock left held would hang the run instead.
+func TestWarmExitRehearsed(t *testing.T) {
+	if _, err := exec.LookPath("python3"); err != nil {
+		t.Skip("no python3 on this host")
+	}
+	code := "import atexit, logging, sys, threading, time\n" +
+		"threading.Thread(target=lambda: (time.sleep(0.1), logging.getLogger('u').warning('to stderr'), print('thread'))).start()\n" +
+		"log = logging.getLogger('t')\nlog.addHandler(logging.StreamHandler(sys.stdout))\nlog.warning('logged')\n" +
+		"atexit.register(lambda: print('atexit'))\nprint('main')\n"
+	if got, want := string(primedPythonRun(t, t.TempDir(), "logging", code)), "logged\nmain\nthread\natexit\n"; got != want {
+		t.Errorf("the run printed %q, want %q", got, want)
+	}
+}
+
 // primedPythonRun warms a Python interpreter with module of the directory
 // lib preloaded, primes it as the engine primes a restored sandbox, runs
 // code as main.py in it and returns what the run printed; the run must end
