@@ -409,6 +409,27 @@ func TestWarmBashEndsAsCold(t *testing.T) {
 	}
 }
 
+// TestWarmBashReseeds checks that each warm shell's RANDOM is seeded with
+// the seed its run message carries: three runs print three different
+// sequences, where a seed lost on its way (an empty or constant value)
+// would print one sequence three times.
+func TestWarmBashReseeds(t *testing.T) {
+	t.Setenv("_", "")
+	os.Unsetenv("_")
+	seen := map[string]bool{}
+	for range 3 {
+		files := []agent.File{{Path: "main.sh", Data: []byte("echo $RANDOM $RANDOM $RANDOM\n")}}
+		_, r := warmRun(t, "bash", nil, files, []string{"bash", "main.sh"}, "")
+		if r.exit.Code != 0 || len(strings.Fields(string(r.stdout))) != 3 {
+			t.Fatalf("the run ended %+v, printed %q (stderr %q)", r.exit, r.stdout, r.stderr)
+		}
+		seen[string(r.stdout)] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("three warm shells printed %d different sequences of RANDOM: %v", len(seen), seen)
+	}
+}
+
 // TestWarmBashStartsAhead checks that a warm Bash run is served by the
 // shell started at the warm-up (its exec-time environment, which unset
 // does not change, still names the hook) unless its environment sets a

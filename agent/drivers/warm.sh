@@ -8,8 +8,9 @@
 # read it (at "ready").
 #
 # Protocol (see warmProgram in agent/warm.go): it writes "ready" to fd 4,
-# then reads lines on fd 3: "prime 0" is answered "primed"; "run 0 SEED"
-# says that the agent has written the script. It then closes fds 3 and 4,
+# then reads lines on fd 3, each padded with spaces to 24 bytes (see
+# shellMessageSize) so that one read takes it: "prime 0" is answered
+# "primed"; "run 0 SEED" says that the agent has written the script. It then closes fds 3 and 4,
 # removes every trace of itself a script could see — its variables,
 # BASH_ENV, the start of SECONDS, the value of $_ — reseeds RANDOM with the
 # agent's SEED, drawn from the kernel for the run (a shell started before a
@@ -26,7 +27,11 @@
 # The agent appends the last line, `: VALUE`, which leaves in $_ what a
 # cold shell starts with.
 echo ready >&4
-while read -r __safe_run_cmd __safe_run_len __safe_run_seed <&3; do
+while read -r -N 24 __safe_run_msg <&3; do
+	__safe_run_cmd=${__safe_run_msg%% *}
+	__safe_run_seed=${__safe_run_msg#* }
+	__safe_run_seed=${__safe_run_seed#* }
+	__safe_run_seed=${__safe_run_seed%% *}
 	case $__safe_run_cmd in
 	prime) echo primed >&4 ;;
 	run) break ;;
@@ -36,5 +41,5 @@ done
 [ "$__safe_run_cmd" = run ] || exit 0
 exec 3<&- 4>&-
 RANDOM=$__safe_run_seed
-unset -v __safe_run_cmd __safe_run_len __safe_run_seed BASH_ENV
+unset -v __safe_run_msg __safe_run_cmd __safe_run_seed BASH_ENV
 SECONDS=0
