@@ -10,12 +10,12 @@
 # Protocol (see warmProgram in agent/warm.go): it writes "ready" to fd 4,
 # then reads lines on fd 3, each padded with spaces to 24 bytes (see
 # shellMessageSize) so that one read takes it: "prime 0" is answered
-# "primed"; "run 0 SEED" says that the agent has written the script. It then closes fds 3 and 4,
-# removes every trace of itself a script could see — its variables,
-# BASH_ENV, the start of SECONDS, the value of $_ — reseeds RANDOM with the
-# agent's SEED, drawn from the kernel for the run (a shell started before a
-# checkpoint would otherwise share its seed with every sandbox restored from
-# it), and returns, and Bash runs the script. Anything else, or the end of
+# "primed"; "run 0 SEED" says that the agent has written the script. It
+# then closes fds 3 and 4, removes every trace of itself a script could
+# see — its variables, BASH_ENV, the start of SECONDS, the value of $_ —
+# reseeds RANDOM with the agent's SEED, drawn from the kernel for the run (a
+# shell started before a checkpoint would otherwise share its seed with
+# every sandbox restored from it), and returns, and Bash runs the script. Anything else, or the end of
 # fd 3, exits: there is nothing to run.
 #
 # What stays visible: the shell's start time, its exec-time environment in
