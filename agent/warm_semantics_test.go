@@ -485,7 +485,7 @@ func TestWarmBashOtherCommand(t *testing.T) {
 	os.Unsetenv("_")
 	s := serve(t, agent.Config{Workdir: t.TempDir(), OneShot: true},
 		agent.Request{Op: agent.OpWarm, Interpreter: "bash", Argv: []string{"bash", "main.sh"}, Timeout: 5 * time.Second},
-		agent.Request{Files: []agent.File{{Path: "other.sh", Data: []byte("echo \"$0\" $#; pgrep -c -f '^bash main.sh' || true\n")}},
+		agent.Request{Files: []agent.File{{Path: "other.sh", Data: []byte("echo \"$0\" $#; pgrep -c -P $PPID -f '^bash main.sh' || true\n")}},
 			Argv: []string{"bash", "other.sh", "x"}, Timeout: 5 * time.Second, OutputBytes: 1 << 20},
 	)
 	runs := s.runs(t)
