@@ -50,9 +50,11 @@ var soakKinds = []soakKind{
 	{name: "python error", lang: "python", code: "import sys\nprint('x')\nsys.exit(3)", status: "error", exitCode: 3, stdout: "x\n"},
 	{name: "node error", lang: "node", code: "console.log('y'); throw new Error('boom')", status: "error", exitCode: 1, stdout: "y\n"},
 	{name: "bash error", lang: "bash", code: "echo z; exit 7", status: "error", exitCode: 7, stdout: "z\n"},
-	// 3 s, not 1: a cold interpreter among eight sandboxes starting at once
-	// on two CPUs once took over a second to reach its first print.
-	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 3, status: "timeout", exitCode: -1, stdout: "t\n"},
+	// 10 s, not 1 or 3: a cold interpreter among eight sandboxes starting
+	// at once on two CPUs once took over a second to reach its first print,
+	// and in a CI run as uid 65534 (no cgroups, so no run's CPU limited)
+	// once over three. The program sleeps, so the longer wait costs no CPU.
+	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 10, status: "timeout", exitCode: -1, stdout: "t\n"},
 	// 3 s too: with 1 s, a CI run as uid 65534 (no cgroups, so no run's
 	// CPU limited) once found no "spin" in three of eight such runs.
 	{name: "bash timeout", lang: "bash", code: "echo spin; while :; do :; done", timeout: 3, status: "timeout", exitCode: -1, stdout: "spin\n"},
