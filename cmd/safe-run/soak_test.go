@@ -55,7 +55,7 @@ var soakKinds = []soakKind{
 	// and in a CI run as uid 65534 (no cgroups, so no run's CPU limited)
 	// once over three. The program sleeps, so the longer wait costs no CPU.
 	{name: "python timeout", lang: "python", code: "import time\nprint('t', flush=True)\ntime.sleep(60)", timeout: 10, status: "timeout", exitCode: -1, stdout: "t\n"},
-	// 3 s too: with 1 s, a CI run as uid 65534 (no cgroups, so no run's
+	// 3 s: with 1 s, a CI run as uid 65534 (no cgroups, so no run's
 	// CPU limited) once found no "spin" in three of eight such runs.
 	{name: "bash timeout", lang: "bash", code: "echo spin; while :; do :; done", timeout: 3, status: "timeout", exitCode: -1, stdout: "spin\n"},
 	{name: "python oom", lang: "python", code: "b = []\nwhile True:\n    b.append(bytearray(b'\\1' * (8 << 20)))", status: "oom", exitCode: -1},
