@@ -15,8 +15,8 @@
 # see — its variables, BASH_ENV, the start of SECONDS, the value of $_ —
 # reseeds RANDOM with the agent's SEED, drawn from the kernel for the run (a
 # shell started before a checkpoint would otherwise share its seed with
-# every sandbox restored from it), and returns, and Bash runs the script. Anything else, or the end of
-# fd 3, exits: there is nothing to run.
+# every sandbox restored from it), and returns, and Bash runs the script.
+# Anything else, or the end of fd 3, exits: there is nothing to run.
 #
 # What stays visible: the shell's start time, its exec-time environment in
 # /proc/$$/environ (BASH_ENV included), and, in a listing of all variables
