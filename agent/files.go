@@ -10,6 +10,7 @@ import (
 	"path"
 	"runtime"
 	"slices"
+	"sync"
 	"syscall"
 	"time"
 	"unsafe"
@@ -31,34 +32,96 @@ import (
 // openat follows a link despite O_NOFOLLOW when O_DIRECTORY is also given,
 // which is why os.Root cannot be used here.
 
-// asUser runs fn on an OS thread of its own whose effective user and group
-// are user's, with user's supplementary groups and no effective
-// capabilities; with user nil it runs fn as it is. The real and saved IDs
-// stay root's, so the program cannot signal or inspect that thread. fn must
-// not start goroutines (they would run on other threads, as root). The
-// thread is never given back to the Go scheduler: it ends with fn. The
-// process's first thread cannot end (the runtime would park it forever, with
-// the program's credentials, and it is the thread /proc/1 describes), so
-// the agent keeps it for its main goroutine (cmd/safe-run-agent) and asUser
-// refuses to switch on it.
+// asUser runs fn on the agent's user thread for user: an OS thread of its
+// own whose effective user and group are user's, with user's supplementary
+// groups and no effective capabilities; with user nil it runs fn as it is.
+// The real and saved IDs stay root's, so the program cannot signal or
+// inspect that thread. fn must not start goroutines (they would run on
+// other threads, as root), nor call asUser (it would wait for itself).
+//
+// The thread is made once per user and kept, never given back to the Go
+// scheduler: its goroutine stays locked to it, waiting for the next fn.
+// Inside gVisor a thread made and ended per operation cost more than the
+// operation (on a warm Bash run, the agent's writing of main.sh: a clone by
+// the runtime's template thread, the thread's exit, and the hand-overs of
+// the agent's one P between them). The process's first thread cannot be
+// it (the runtime would park it forever, with the program's credentials,
+// and it is the thread /proc/1 describes), so the agent keeps that one for
+// its main goroutine (cmd/safe-run-agent) and asUser refuses to switch on
+// it.
 func asUser(user *syscall.Credential, fn func() error) error {
 	if user == nil {
 		return fn()
 	}
+	t, err := userThreadFor(user)
+	if err != nil {
+		return err
+	}
 	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
-		if unix.Gettid() == unix.Getpid() {
-			errc <- errors.New("file operations cannot switch users on the process's first thread; lock it to the main goroutine (runtime.LockOSThread in init)")
-			return
-		}
-		if err := becomeOnThisThread(user); err != nil {
-			errc <- fmt.Errorf("switch to uid %d for file operations: %w", user.Uid, err)
-			return
-		}
-		errc <- fn()
-	}()
+	t.work <- func() { errc <- fn() }
 	return <-errc
+}
+
+// userThread is a goroutine locked to an OS thread whose effective IDs are
+// a user's (see asUser); it runs the functions sent on work, one at a time.
+type userThread struct {
+	work chan func()
+}
+
+// userThreads holds the user threads made so far, by user (in practice one:
+// the agent's programs all run as one user).
+var userThreads = struct {
+	sync.Mutex
+	byUser map[string]*userThread
+}{byUser: make(map[string]*userThread)}
+
+// userThreadFor returns user's thread, made on first use.
+func userThreadFor(user *syscall.Credential) (*userThread, error) {
+	key := fmt.Sprint(user.Uid, user.Gid, user.Groups)
+	userThreads.Lock()
+	defer userThreads.Unlock()
+	if t := userThreads.byUser[key]; t != nil {
+		return t, nil
+	}
+	t := &userThread{work: make(chan func())}
+	started := make(chan error, 1)
+	go t.serve(*user, slices.Clone(user.Groups), started)
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	userThreads.byUser[key] = t
+	return t, nil
+}
+
+// serve becomes user on a thread of its own and runs the work sent to it,
+// for the rest of the process. If it cannot, the goroutine returns still
+// locked, and its thread ends.
+func (t *userThread) serve(user syscall.Credential, groups []uint32, started chan<- error) {
+	runtime.LockOSThread() // never unlocked: the thread keeps the user's IDs
+	if unix.Gettid() == unix.Getpid() {
+		started <- errors.New("file operations cannot switch users on the process's first thread; lock it to the main goroutine (runtime.LockOSThread in init)")
+		return
+	}
+	user.Groups = groups
+	if err := becomeOnThisThread(&user); err != nil {
+		started <- fmt.Errorf("switch to uid %d for file operations: %w", user.Uid, err)
+		return
+	}
+	started <- nil
+	for fn := range t.work {
+		fn()
+	}
+}
+
+// startUserThread makes user's thread now, in the background, so that the
+// first file operation of a run does not wait for a thread to be made: a
+// warm-up calls it, a cold run leaves it to its first operation (made at
+// the agent's start, the thread delayed the agent's answer to the first
+// request). A failure is left for that operation to meet and report.
+func startUserThread(user *syscall.Credential) {
+	if user != nil {
+		go func() { _, _ = userThreadFor(user) }()
+	}
 }
 
 // becomeOnThisThread sets the calling thread's effective IDs and groups to

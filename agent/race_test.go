@@ -4,6 +4,7 @@ package agent
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 func init() {
@@ -200,22 +203,68 @@ func TestFileOpsHaveTheProgramsPermissions(t *testing.T) {
 	if exit := readFile(ws, "new/dir/f", 1<<20, nobody); exit.Error != "" || string(exit.Files[0].Data) != "f" {
 		t.Errorf("read_file of the program's own file: %+v", exit)
 	}
-	// The agent itself keeps its credentials: the threads that switched
-	// are gone with their goroutines, and no other changed.
+	// The agent itself keeps its credentials: only the user thread
+	// switched, and only its effective and file-system IDs.
 	if uid, gid := syscall.Geteuid(), syscall.Getegid(); uid != 0 || gid != 0 {
 		t.Errorf("the caller's thread now has uid %d gid %d", uid, gid)
 	}
-	// A thread ends just after its goroutine: wait for that, boundedly.
-	var kept []string
-	for range 100 {
-		if kept = switchedThreads(); len(kept) == 0 {
-			break
+	checkOnlyUserThreadSwitched(t)
+}
+
+// checkOnlyUserThreadSwitched fails t unless at most one thread of this
+// process (the user thread of nobody, see asUser) has IDs other than
+// root's, and that one only its effective and file-system user: with real
+// and saved IDs root's, the program can neither signal it nor read its
+// memory.
+func checkOnlyUserThreadSwitched(t *testing.T) {
+	t.Helper()
+	kept := switchedThreads()
+	if len(kept) > 1 {
+		t.Errorf("more than the user thread has the program's credentials: %s", kept)
+	}
+	want := fmt.Sprintf("Uid: 0 %d 0 %d", nobody.Uid, nobody.Uid)
+	for _, k := range kept {
+		if _, line, _ := strings.Cut(k, " "); strings.Join(strings.Fields(line), " ") != want {
+			t.Errorf("the user thread's IDs: %s, want %q", k, want)
 		}
-		time.Sleep(50 * time.Millisecond)
 	}
-	if len(kept) > 0 {
-		t.Errorf("threads of the agent kept the program's credentials: %s", kept)
+}
+
+// TestUserThreadIsKept: every file operation as the programs' user runs on
+// one thread, made once and kept, not the first thread and not the
+// caller's, whose real and saved IDs stay root's.
+func TestUserThreadIsKept(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("switching to the programs' user needs root")
 	}
+	type seen struct {
+		tid, euid, ruid int
+	}
+	var got []seen
+	for range 3 {
+		err := asUser(nobody, func() error {
+			r, e, _ := unix.Getresuid()
+			got = append(got, seen{tid: unix.Gettid(), euid: e, ruid: r})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, g := range got {
+		switch {
+		case g.tid != got[0].tid:
+			t.Errorf("call %d ran on thread %d, call 0 on %d: the thread was not kept", i, g.tid, got[0].tid)
+		case g.tid == unix.Getpid():
+			t.Errorf("call %d ran on the process's first thread", i)
+		case g.euid != int(nobody.Uid) || g.ruid != 0:
+			t.Errorf("call %d ran with effective uid %d and real uid %d, want %d and 0", i, g.euid, g.ruid, nobody.Uid)
+		}
+	}
+	if tid := unix.Gettid(); tid == got[0].tid {
+		t.Errorf("the caller's thread %d is the user thread", tid)
+	}
+	checkOnlyUserThreadSwitched(t)
 }
 
 // switchedThreads lists this process's threads whose user is not root's.

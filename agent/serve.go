@@ -31,8 +31,8 @@ type Config struct {
 	// started outlives it.
 	OneShot bool
 	// User, if set, is the user programs run as, and the user the agent's
-	// own file operations in the workspace run as (on a thread of their
-	// own; see asUser), so files written are the program's and no race the
+	// own file operations in the workspace run as (on a thread kept for
+	// them; see asUser), so files written are the program's and no race the
 	// program wins against them gains it anything. The agent itself then
 	// needs the capabilities to switch to it, and its main goroutine must
 	// keep the first thread (runtime.LockOSThread in init); the program is
@@ -179,7 +179,8 @@ func (s *server) prepare(req *Request) error {
 func (s *server) run(req *Request) *Exit {
 	// A warm driver writes the code file itself, as the program's user,
 	// and makes the output directory: no file operation of the agent's
-	// (each on a thread of its own, see asUser) on the way to the run.
+	// (each a hand-over to and from the user thread, see asUser) on the
+	// way to the run.
 	if s.warmed != nil && !s.warmed.serves(req) {
 		s.discardWarm()
 	}
@@ -408,8 +409,8 @@ func writeFiles(workdir string, files []File, user *syscall.Credential) error {
 }
 
 // prepareFiles writes files (see writeFiles), then creates the directory
-// outDir unless it is "", all on one thread as user: each thread asUser
-// makes, and ends, costs a few hundred microseconds inside gVisor.
+// outDir unless it is "", all in one call of asUser: each hands the work to
+// the user thread and back, two wake-ups inside gVisor.
 func prepareFiles(workdir string, files []File, outDir string, user *syscall.Credential) error {
 	if len(files) == 0 && outDir == "" {
 		return nil

@@ -100,6 +100,9 @@ func (s *server) warm(req *Request) *Exit {
 	if s.warmed != nil {
 		return s.prime(req.Timeout)
 	}
+	// The run's own file operations (a Bash run's script, a cold program's
+	// files, the collection of out/) then find the user thread made.
+	startUserThread(s.cfg.User)
 	if req.Interpreter == "bash" {
 		if len(req.Argv) == 0 || !hookable(req.Env) {
 			return s.warmUpBash(req)
