@@ -114,10 +114,9 @@ func (t *userThread) serve(user syscall.Credential, groups []uint32, started cha
 }
 
 // startUserThread makes user's thread now, in the background, so that the
-// first file operation of a run does not wait for a thread to be made: a
-// warm-up calls it, a cold run leaves it to its first operation (made at
-// the agent's start, the thread delayed the agent's answer to the first
-// request). A failure is left for that operation to meet and report.
+// first file operation of a run does not wait for a thread to be made: the
+// warm-up of a Bash run calls it; a cold run leaves it to its first
+// operation. A failure is left for that operation to meet and report.
 func startUserThread(user *syscall.Credential) {
 	if user != nil {
 		go func() { _, _ = userThreadFor(user) }()
