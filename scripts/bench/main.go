@@ -49,6 +49,8 @@ type options struct {
 	runs, throughputRuns        int
 	burst, cpuRuns              int
 	quick                       bool
+	// warmLangs limits -warm to the rows of these languages ("": all).
+	warmLangs string
 	// warmRuns and monitorBaseline are -monitor's: calls of each warm
 	// cell (0: runs), and a second safe-run binary whose warm row is
 	// measured in the same turns.
@@ -73,6 +75,7 @@ func main() {
 	flag.IntVar(&o.throughputRuns, "throughput-runs", 24, "runs per throughput measurement")
 	flag.IntVar(&o.burst, "burst", 50, "calls of each back-to-back series")
 	flag.IntVar(&o.cpuRuns, "cpu-runs", 10, "samples of each CPU-per-run row")
+	flag.StringVar(&o.warmLangs, "warm-langs", "", "-warm: only the warm rows of these languages (comma-separated: python, node, bash)")
 	flag.BoolVar(&o.quick, "quick", false, "a run of a few minutes: -runs 5 -throughput-runs 8 -burst 20 -cpu-runs 3, no network rows, written to quick.{md,json}, docs/benchmarks.md untouched")
 	flag.StringVar(&o.out, "out", "scripts/bench/results", "directory for latest.md and latest.json")
 	flag.StringVar(&o.doc, "doc", "docs/benchmarks.md", "the document whose benchmark tables (between <!-- NAME:begin --> and <!-- NAME:end -->) are replaced (empty: leave it)")

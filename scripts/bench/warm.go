@@ -13,15 +13,36 @@ import (
 // (and p95 where the issue sets one), in ms; a row without a target (0)
 // only measures. The last makes 30,000 small objects, as real code does,
 // which sets off the interpreter's garbage collections during the run.
-var warmPrograms = []struct {
-	Lang, Name, Code string
-	P50, P95         float64
-}{
+var warmPrograms = []warmProgram{
 	{"python", "print(1)", "print(1)", 5, 10},
 	{"python", "import pandas", "import pandas as pd; print(pd.__version__)", 6, 0},
 	{"node", "console.log(1)", "console.log(1)", 5, 0},
 	{"bash", "echo 1", "echo 1", 5, 0},
 	{"python", "30,000 objects", `x = [{"a": [i]} for i in range(30000)]; print(len(x))`, 0, 0},
+}
+
+// warmProgram is one warm row: a program of a language and its targets.
+type warmProgram struct {
+	Lang, Name, Code string
+	P50, P95         float64
+}
+
+// warmProgramsOf returns the warm rows of the comma-separated languages
+// langs, or all of them for "".
+func warmProgramsOf(langs string) []warmProgram {
+	if langs == "" {
+		return warmPrograms
+	}
+	var out []warmProgram
+	for _, p := range warmPrograms {
+		if slices.Contains(strings.Split(langs, ","), p.Lang) {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		fatalf("-warm-langs %q: no warm row of those languages; the rows are of python, node and bash", langs)
+	}
+	return out
 }
 
 // warmPool is the pool of the warm server: every language of warmPrograms,
@@ -70,11 +91,12 @@ type warmBuild struct {
 	o    options
 }
 
-// warmMain measures only the warm rows, of this build and, if baseline is
-// a directory, of the build whose binaries it holds: both servers run at
-// once, their calls take turns, so that the two builds see the same load,
-// and each call waits until both pools are full.
+// warmMain measures only the warm rows (of o.warmLangs, or all), of this
+// build and, if baseline is a directory, of the build whose binaries it
+// holds: both servers run at once, their calls take turns, so that the two
+// builds see the same load, and each call waits until both pools are full.
 func warmMain(o options, baseline string) {
+	progs := warmProgramsOf(o.warmLangs)
 	builds := []warmBuild{{"this build", o}}
 	if baseline != "" {
 		b := o
@@ -92,10 +114,10 @@ func warmMain(o options, baseline string) {
 	}
 	ds := make([][][]time.Duration, len(builds))
 	for i := range ds {
-		ds[i] = make([][]time.Duration, len(warmPrograms))
+		ds[i] = make([][]time.Duration, len(progs))
 	}
 	for r := range o.runs + 1 {
-		for j, p := range warmPrograms {
+		for j, p := range progs {
 			for i, s := range servers {
 				// Every pool full, not only this one's: a refill of the
 				// other build's must not run during this call.
@@ -116,21 +138,21 @@ func warmMain(o options, baseline string) {
 		if r > 0 && r < o.runs {
 			// The table so far: a run stopped early still tells.
 			log.Printf("after %d of %d rounds:", r, o.runs)
-			printWarmTable(builds, ds, r)
+			printWarmTable(builds, progs, ds, r)
 		}
 	}
-	printWarmTable(builds, ds, o.runs)
+	printWarmTable(builds, progs, ds, o.runs)
 }
 
-// printWarmTable prints the warm rows of each build measured so far, runs
-// calls each.
-func printWarmTable(builds []warmBuild, ds [][][]time.Duration, runs int) {
+// printWarmTable prints the warm rows progs of each build measured so far,
+// runs calls each.
+func printWarmTable(builds []warmBuild, progs []warmProgram, ds [][][]time.Duration, runs int) {
 	head := []string{fmt.Sprintf("warm MCP `run_code`, %d spaced calls", runs)}
 	for _, b := range builds {
 		head = append(head, b.name+": p50 / p95 / min (ms)")
 	}
 	fmt.Printf("| %s |\n|%s\n", strings.Join(head, " | "), strings.Repeat("---|", len(head)))
-	for j, p := range warmPrograms {
+	for j, p := range progs {
 		cells := []string{p.Lang + " `" + p.Name + "`"}
 		for i := range builds {
 			st := summarise(slices.Clone(ds[i][j]))
