@@ -123,8 +123,7 @@ func (s *server) emptyDir(dir string) bool {
 	if err != nil {
 		return false
 	}
-	how := &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_DIRECTORY | unix.O_CLOEXEC | unix.O_NONBLOCK, Resolve: beneathFlags}
-	fd, err := unix.Openat2(ws, dir, how)
+	fd, err := openFdBeneath(ws, dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return false
 	}

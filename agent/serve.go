@@ -485,17 +485,10 @@ func mkdirAll(ws *os.File, dir string) (*os.File, error) {
 
 // writeFile writes one file in dir with exactly mode (no umask). A FIFO or
 // device the program left there is not opened for long: the open does not
-// block, and anything but a regular file is refused. Raw descriptors, not
-// an *os.File: wrapping one costs two more system calls (the flags read,
-// the poller's registration of a non-blocking descriptor), each 0.05-0.2
-// ms inside a sandbox that waited idle.
+// block, and anything but a regular file is refused. Raw descriptors, as
+// openFdBeneath says why.
 func writeFile(dir *os.File, name string, data []byte, mode os.FileMode) error {
-	how := &unix.OpenHow{
-		Flags:   unix.O_WRONLY | unix.O_CREAT | unix.O_TRUNC | unix.O_NONBLOCK | unix.O_NOFOLLOW | unix.O_CLOEXEC,
-		Mode:    uint64(mode),
-		Resolve: beneathFlags,
-	}
-	fd, err := unix.Openat2(int(dir.Fd()), name, how)
+	fd, err := openFdBeneath(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NONBLOCK, uint32(mode))
 	if errors.Is(err, unix.ENXIO) { // a FIFO nobody reads
 		return fmt.Errorf("not a regular file")
 	}
