@@ -485,8 +485,8 @@ func mkdirAll(ws *os.File, dir string) (*os.File, error) {
 
 // writeFile writes one file in dir with exactly mode (no umask). A FIFO or
 // device the program left there is not opened for long: the open does not
-// block, and anything but a regular file is refused. Raw descriptors, as
-// openFdBeneath says why.
+// block, and anything but a regular file is refused. Raw descriptors: see
+// openFdBeneath.
 func writeFile(dir *os.File, name string, data []byte, mode os.FileMode) error {
 	fd, err := openFdBeneath(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_TRUNC|unix.O_NONBLOCK, uint32(mode))
 	if errors.Is(err, unix.ENXIO) { // a FIFO nobody reads

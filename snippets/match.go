@@ -101,9 +101,10 @@ func Match(want, got string, regex bool) bool {
 // diffContext is how many unchanged lines a hunk shows around a change.
 const diffContext = 3
 
-// maxLCS bounds the table of the longest common subsequence; past it, Diff
-// shows all of want removed and all of got added rather than using memory
-// the size of a flood of output.
+// maxLCS bounds the table of the longest common subsequence between the
+// lines the two sides share at their start and end; past it, Diff shows
+// those middle lines of want removed and of got added rather than using
+// memory the size of a flood of output.
 const maxLCS = 1 << 22
 
 // Diff returns a unified diff from want (---, the expected output) to got
@@ -162,31 +163,58 @@ type op struct {
 }
 
 // editScript is the shortest edit from w to g, by longest common
-// subsequence; an expected line equals a line it matches.
+// subsequence; an expected line equals a line it matches. Lines the two
+// share at the start and at the end are kept before the table is built:
+// a pair of equal first (or last) lines is always part of some longest
+// common subsequence, and the trim keeps a long output that differs from
+// its expectation in a few lines within maxLCS.
 func editScript(w, g []string, regex bool) []op {
-	var ops []op
-	n, m := len(w), len(g)
-	if n*m > maxLCS {
-		for i, l := range w {
-			ops = append(ops, op{'-', l, i + 1, 0})
-		}
-		for j, l := range g {
-			ops = append(ops, op{'+', l, n, j + 1})
-		}
-		return ops
-	}
-	eq := make([]lineMatcher, n)
+	eq := make([]lineMatcher, len(w))
 	for i, l := range w {
 		eq[i] = newLineMatcher(l, regex)
 	}
-	// lcs[i][j]: the longest common subsequence of w[i:] and g[j:].
+	same := func(i, j int) bool { return w[i] != ellipsis && eq[i].match(g[j]) }
+	head := 0
+	for head < len(w) && head < len(g) && same(head, head) {
+		head++
+	}
+	tail := 0
+	for tail < len(w)-head && tail < len(g)-head && same(len(w)-1-tail, len(g)-1-tail) {
+		tail++
+	}
+	ops := make([]op, 0, len(w)+len(g)-head-tail)
+	for i := 0; i < head; i++ {
+		ops = append(ops, op{' ', g[i], i + 1, i + 1})
+	}
+	ops = middleScript(ops, w[:len(w)-tail], g[:len(g)-tail], head, same)
+	for k := tail; k > 0; k-- {
+		i, j := len(w)-k, len(g)-k
+		ops = append(ops, op{' ', g[j], i + 1, j + 1})
+	}
+	return ops
+}
+
+// middleScript appends to ops the edit from w[from:] to g[from:], the part
+// between the shared head and tail.
+func middleScript(ops []op, w, g []string, from int, same func(i, j int) bool) []op {
+	n, m := len(w)-from, len(g)-from
+	if n*m > maxLCS {
+		for i := from; i < len(w); i++ {
+			ops = append(ops, op{'-', w[i], i + 1, from})
+		}
+		for j := from; j < len(g); j++ {
+			ops = append(ops, op{'+', g[j], len(w), j + 1})
+		}
+		return ops
+	}
+	// lcs[i][j]: the longest common subsequence of w[from+i:] and g[from+j:].
 	lcs := make([][]int, n+1)
 	for i := range lcs {
 		lcs[i] = make([]int, m+1)
 	}
 	for i := n - 1; i >= 0; i-- {
 		for j := m - 1; j >= 0; j-- {
-			if w[i] != ellipsis && eq[i].match(g[j]) {
+			if same(from+i, from+j) {
 				lcs[i][j] = lcs[i+1][j+1] + 1
 			} else {
 				lcs[i][j] = max(lcs[i+1][j], lcs[i][j+1])
@@ -195,15 +223,16 @@ func editScript(w, g []string, regex bool) []op {
 	}
 	i, j := 0, 0
 	for i < n || j < m {
+		a, b := from+i, from+j
 		switch {
-		case i < n && j < m && w[i] != ellipsis && eq[i].match(g[j]) && lcs[i][j] == lcs[i+1][j+1]+1:
-			ops = append(ops, op{' ', g[j], i + 1, j + 1})
+		case i < n && j < m && same(a, b) && lcs[i][j] == lcs[i+1][j+1]+1:
+			ops = append(ops, op{' ', g[b], a + 1, b + 1})
 			i, j = i+1, j+1
 		case j == m || (i < n && lcs[i+1][j] >= lcs[i][j+1]):
-			ops = append(ops, op{'-', w[i], i + 1, j})
+			ops = append(ops, op{'-', w[a], a + 1, b})
 			i++
 		default:
-			ops = append(ops, op{'+', g[j], i, j + 1})
+			ops = append(ops, op{'+', g[b], a, b + 1})
 			j++
 		}
 	}

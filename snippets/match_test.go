@@ -97,6 +97,18 @@ func TestDiffLarge(t *testing.T) {
 		strings.Count(d, "\n-w") != 3000 || strings.Count(d, "\n+g") != 3000 {
 		t.Errorf("Diff of 3000 lines: %.200q...", d)
 	}
+	// Past the table's bound, the lines both sides share at the start and
+	// the end still count as equal: a long output against itself has no
+	// diff, and one changed line shows as one hunk.
+	long := strings.Repeat("same\n", 3000)
+	if d := Diff(long, long); d != "" {
+		t.Errorf("Diff of 3000 equal lines with themselves: %.200q...", d)
+	}
+	changed := strings.Repeat("same\n", 1500) + "other\n" + strings.Repeat("same\n", 1499)
+	const one = "--- expected\n+++ actual\n@@ -1498,7 +1498,7 @@\n same\n same\n same\n-same\n+other\n same\n same\n same\n"
+	if d := Diff(long, changed); d != one {
+		t.Errorf("Diff of 3000 lines with line 1501 changed:\n%s\nwant:\n%s", d, one)
+	}
 }
 
 func TestDiffRegex(t *testing.T) {
