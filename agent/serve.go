@@ -82,9 +82,11 @@ type server struct {
 	interp *interpreter // the session's interpreter, once started
 	warmed *warmProgram // the interpreter OpWarm started, until OpRun takes it
 	// pendingKill is the process group of a run whose kill waits until
-	// its Exit is sent; 0 for none.
-	pendingKill int
-	seen        map[string]fileStamp // output files returned so far in this session
+	// its Exit is sent; 0 for none. pendingClose is the run whose
+	// descriptors wait to be closed then; nil for none.
+	pendingKill  int
+	pendingClose *child
+	seen         map[string]fileStamp // output files returned so far in this session
 	// ws is the workspace, open once wsOpen (see workspace).
 	ws     int
 	wsOpen bool

@@ -61,8 +61,12 @@ type child struct {
 	// run, and the driver reads nothing more. -1 for none.
 	cmd int
 	// stdout and stderr are the non-blocking read ends of its output
-	// pipes; -1 once closed.
+	// pipes; -1 once they ended.
 	stdout, stderr int
+	// ended holds the descriptors of pipes that ended during the run,
+	// closed with the others by close: each close inside gVisor is one more
+	// system call between the run's end and its Exit (see supervise).
+	ended []int
 }
 
 // supervised says how a run ended.
@@ -144,7 +148,7 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 				}
 			case c.stdout:
 				if events != 0 {
-					c.stdout = readInto(c.stdout, buf, stdout)
+					c.stdout = readInto(c.stdout, buf, stdout, c.end)
 					break
 				}
 				// Its hang-up, in the lazy window: most likely the run's
@@ -152,13 +156,13 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 				// write, unless the run goes on (see releaseEvents).
 				s.holdEvents()
 				held = true
-				c.stdout = readAvailable(c.stdout, buf, stdout)
+				c.stdout = readAvailable(c.stdout, buf, stdout, c.end)
 			case c.stderr:
-				c.stderr = readInto(c.stderr, buf, stderr)
+				c.stderr = readInto(c.stderr, buf, stderr, c.end)
 			}
 		}
 		if !ended && c.named && c.stdout < 0 && c.stderr >= 0 {
-			c.stderr = readAvailable(c.stderr, buf, stderr)
+			c.stderr = readAvailable(c.stderr, buf, stderr, c.end)
 		}
 		if !ended && c.named && c.stdout < 0 && c.stderr < 0 {
 			c.named = false // asked once: the pipes cannot open again
@@ -194,14 +198,17 @@ func (s *server) supervise(c *child, timeout time.Duration, stdout, stderr *stre
 		// inside gVisor). Serve kills it right after sending the Exit, and
 		// anything that must see the run's processes gone first (the
 		// collection of a non-empty output directory) kills it before.
-		s.pendingKill = c.pid
-	} else {
-		// Whatever the program left running goes now, or its pipes never
-		// close; then what it wrote up to its end is taken.
-		s.killRun(c.pid)
-		c.stdout = drainNow(c.stdout, buf, stdout)
-		c.stderr = drainNow(c.stderr, buf, stderr)
+		// Its descriptors are closed then too, for the same reason: inside
+		// gVisor, the four to six closes of a warm run's end took 0.3-0.6
+		// ms before its Exit.
+		s.pendingKill, s.pendingClose = c.pid, c
+		return res
 	}
+	// Whatever the program left running goes now, or its pipes never
+	// close; then what it wrote up to its end is taken.
+	s.killRun(c.pid)
+	c.stdout = drainNow(c.stdout, buf, stdout)
+	c.stderr = drainNow(c.stderr, buf, stderr)
 	c.close()
 	return res
 }
@@ -221,8 +228,7 @@ func drainedAll(c *child, buf []byte, stdout, stderr *streamCapture) bool {
 				continue
 			}
 			if n == 0 && err == nil {
-				unix.Close(*p.fd)
-				*p.fd = -1
+				*p.fd = c.end(*p.fd)
 				break
 			}
 			if !errors.Is(err, unix.EINTR) {
@@ -234,12 +240,16 @@ func drainedAll(c *child, buf []byte, stdout, stderr *streamCapture) bool {
 	return eof
 }
 
-// killPending kills what the last run left, if its kill was put off until
-// after its Exit (see supervise).
+// killPending kills what the last run left and closes its descriptors,
+// if both were put off until after its Exit (see supervise).
 func (s *server) killPending() {
 	if s.pendingKill != 0 {
 		s.killRun(s.pendingKill)
 		s.pendingKill = 0
+	}
+	if s.pendingClose != nil {
+		s.pendingClose.close()
+		s.pendingClose = nil
 	}
 }
 
@@ -313,25 +323,25 @@ func readReport(fd int, buf []byte) []byte {
 	return b
 }
 
-// readInto reads once from fd into c, and closes fd at its end.
-func readInto(fd int, buf []byte, c *streamCapture) int {
+// readInto reads once from fd into c and, at fd's end, hands it to end
+// and returns what end returns.
+func readInto(fd int, buf []byte, c *streamCapture, end func(int) int) int {
 	n, err := unix.Read(fd, buf)
 	if n > 0 {
 		_ = c.add(buf[:n])
 	}
 	if n == 0 || (err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR)) {
-		unix.Close(fd)
-		return -1
+		return end(fd)
 	}
 	return fd
 }
 
-// readAvailable reads what the pipe fd holds without waiting, and closes
-// it at its end: a warm driver closes stderr before stdout, so when
+// readAvailable reads what the pipe fd holds without waiting, and hands it
+// to end at its end (as readInto): a warm driver closes stderr before stdout, so when
 // stdout has ended, stderr's end is usually already there. It reads at
 // most maxDrain bytes, so that a process that keeps writing cannot hold
 // the agent here; what it leaves, the poll loop takes.
-func readAvailable(fd int, buf []byte, c *streamCapture) int {
+func readAvailable(fd int, buf []byte, c *streamCapture, end func(int) int) int {
 	for read := 0; fd >= 0 && read < maxDrain; {
 		n, err := unix.Read(fd, buf)
 		switch {
@@ -342,8 +352,7 @@ func readAvailable(fd int, buf []byte, c *streamCapture) int {
 		case errors.Is(err, unix.EAGAIN):
 			return fd // someone still holds it open
 		default: // its end, or a pipe that cannot be read
-			unix.Close(fd)
-			return -1
+			return end(fd)
 		}
 	}
 	return fd
@@ -443,6 +452,13 @@ func (c *child) closePidfd() {
 	}
 }
 
+// end keeps fd, a pipe of c's that ended, to be closed with the others
+// (see ended), and returns -1, the value of a pipe no longer read.
+func (c *child) end(fd int) int {
+	c.ended = append(c.ended, fd)
+	return -1
+}
+
 // close closes every descriptor of c still open.
 func (c *child) close() {
 	c.closePidfd()
@@ -452,6 +468,8 @@ func (c *child) close() {
 			*fd = -1
 		}
 	}
+	closeFDs(c.ended...)
+	c.ended = nil
 }
 
 // pipe returns a pipe whose read end, the agent's, does not block; the
