@@ -64,6 +64,8 @@ type warmProgram struct {
 	// writes the script itself.
 	shell     bool
 	argv, env []string
+	// kind is the interpreter: "python", "node" or "bash".
+	kind string
 
 	pid  int
 	done <-chan unix.WaitStatus
@@ -117,6 +119,7 @@ func (s *server) warm(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
+	w.kind = req.Interpreter
 	if w.comm, err = unix.Open("/proc/"+strconv.Itoa(w.pid)+"/comm", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("watch the warm %s interpreter: %v", req.Interpreter, err)}
@@ -244,7 +247,7 @@ func (s *server) warmBash(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w.shell, w.argv, w.env = true, slices.Clone(req.Argv), slices.Clone(req.Env)
+	w.shell, w.kind, w.argv, w.env = true, "bash", slices.Clone(req.Argv), slices.Clone(req.Env)
 	if err := w.await("ready", req.Timeout); err != nil {
 		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm bash %v", err), Duration: time.Since(start)}
@@ -540,10 +543,22 @@ func (w *warmProgram) child() *child {
 }
 
 // serves says whether the warm program w can take req's run: a warm
-// interpreter any run of its kind, the warm shell only a run of the
-// command and environment it was started with.
+// interpreter any run of its kind, except a Node run that brings a
+// package.json or installs packages, and the warm shell only a run of the
+// command and environment it was started with. Node's loader looked for
+// package.json files while the driver warmed up and keeps what it found
+// (none), so it would load such a run's main module as CommonJS where a
+// cold `node` reads "type": "module" and loads an ES module.
 func (w *warmProgram) serves(req *Request) bool {
-	return !w.shell || slices.Equal(w.argv, req.Argv) && slices.Equal(w.env, req.Env)
+	switch {
+	case w.shell:
+		return slices.Equal(w.argv, req.Argv) && slices.Equal(w.env, req.Env)
+	case w.kind == "node":
+		return len(req.Install) == 0 && !slices.ContainsFunc(req.Files, func(f File) bool {
+			return filepath.Base(f.Path) == "package.json"
+		})
+	}
+	return true
 }
 
 // discardWarm ends the warm program, which cannot serve the next run.

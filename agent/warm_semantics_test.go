@@ -102,6 +102,40 @@ func TestWarmNodeEndsAsCold(t *testing.T) {
 	}
 }
 
+// TestWarmNodeLoadsAsCold checks that the warm Node loads its main module
+// as `node main.js` does, whether it compiles the bytes it wrote or lets the
+// loader read the file: the module's identity and paths, a package.json
+// that makes the file an ES module (the agent wrote another file, so the
+// driver must leave the file to the loader), ES module syntax, a byte order
+// mark and bytes that are not UTF-8.
+func TestWarmNodeLoadsAsCold(t *testing.T) {
+	identity := "const path = require('path');\n" +
+		"console.log(require.main === module, module.id, module.loaded, module.parent, path.basename(__filename), __filename === process.argv[1],\n" +
+		"  __dirname === process.cwd(), module.paths[0] === path.join(process.cwd(), 'node_modules'), require.resolve('./main.js') === __filename,\n" +
+		"  require.cache[__filename] === module, Object.keys(require.cache).length, require.extensions['.js'] === require('module')._extensions['.js'])\n"
+	tests := []struct {
+		name  string
+		files []agent.File
+	}{
+		{"identity", []agent.File{{Path: "main.js", Data: []byte(identity)}}},
+		{"package.json type module", []agent.File{{Path: "main.js", Data: []byte("console.log(typeof require, typeof module)\n")}, {Path: "package.json", Data: []byte(`{"type": "module"}`)}}},
+		{"import", []agent.File{{Path: "main.js", Data: []byte("import { sep } from 'path';\nconsole.log(sep)\n")}}},
+		{"byte order mark", []agent.File{{Path: "main.js", Data: []byte("\ufeffconsole.log('bom')\n")}}},
+		{"not UTF-8", []agent.File{{Path: "main.js", Data: []byte("console.log('\xff\xfe'.length)\n")}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			argv := []string{"node", "main.js"}
+			_, warm := warmRun(t, "node", nil, tt.files, argv, "")
+			cold := coldRun(t, tt.files, argv, "")
+			sameEnd(t, tt.name, warm, cold)
+			if len(cold.stdout) == 0 && cold.exit.Code == 0 {
+				t.Errorf("the cold run printed nothing; stderr %q", cold.stderr)
+			}
+		})
+	}
+}
+
 // TestWarmNameEndsTheRun checks that a warm run ends when its process is
 // named "srexit:CODE" and its stdio closed, as the driver does at the end,
 // not at the exit of its process: here the program does both itself and
