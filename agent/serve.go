@@ -187,11 +187,11 @@ func (s *server) run(req *Request) *Exit {
 		s.discardWarm()
 	}
 	files, code := req.Files, (*File)(nil)
-	if s.warmed != nil && !s.warmed.shell {
+	if s.warmed != nil && !s.warmed.shell() {
 		files, code = driverFile(req)
 	}
 	outDir := ""
-	if req.Collect != nil && (s.warmed == nil || s.warmed.shell) {
+	if req.Collect != nil && (s.warmed == nil || s.warmed.shell()) {
 		// The output directory exists from the start, so that programs can
 		// write to it without creating it.
 		outDir = req.Collect.Dir

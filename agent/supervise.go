@@ -337,10 +337,10 @@ func readInto(fd int, buf []byte, c *streamCapture, end func(int) int) int {
 }
 
 // readAvailable reads what the pipe fd holds without waiting, and hands it
-// to end at its end (as readInto): a warm driver closes stderr before stdout, so when
-// stdout has ended, stderr's end is usually already there. It reads at
-// most maxDrain bytes, so that a process that keeps writing cannot hold
-// the agent here; what it leaves, the poll loop takes.
+// to end at its end (as readInto): a warm driver closes stderr before
+// stdout, so when stdout has ended, stderr's end is usually already there.
+// It reads at most maxDrain bytes, so that a process that keeps writing
+// cannot hold the agent here; what it leaves, the poll loop takes.
 func readAvailable(fd int, buf []byte, c *streamCapture, end func(int) int) int {
 	for read := 0; fd >= 0 && read < maxDrain; {
 		n, err := unix.Read(fd, buf)

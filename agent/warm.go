@@ -59,13 +59,10 @@ func warmArgv(kind string) ([]string, error) {
 // are imported, "primed", and "fail MESSAGE" if it cannot start the run;
 // it closes both before the program runs, which then has only its stdio.
 type warmProgram struct {
-	// shell says it is the run's own Bash, waiting in its start-up file
-	// (warmBash): it serves only a run of argv with env, and the agent
-	// writes the script itself.
-	shell     bool
-	argv, env []string
-	// kind is the interpreter: "python", "node" or "bash".
+	// kind is the interpreter: "python", "node" or "bash" (see shell).
 	kind string
+	// argv and env are the warm shell's command and environment.
+	argv, env []string
 
 	pid  int
 	done <-chan unix.WaitStatus
@@ -247,7 +244,7 @@ func (s *server) warmBash(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w.shell, w.kind, w.argv, w.env = true, "bash", slices.Clone(req.Argv), slices.Clone(req.Env)
+	w.kind, w.argv, w.env = "bash", slices.Clone(req.Argv), slices.Clone(req.Env)
 	if err := w.await("ready", req.Timeout); err != nil {
 		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm bash %v", err), Duration: time.Since(start)}
@@ -279,6 +276,11 @@ func hookable(env []string) bool {
 	}
 	return true
 }
+
+// shell says w is the run's own Bash, waiting in its start-up file
+// (warmBash): it serves only a run of argv with env, and the agent writes
+// the script itself.
+func (w *warmProgram) shell() bool { return w.kind == "bash" }
 
 // kill ends the warm program's process group and closes the agent's ends
 // of its descriptors.
@@ -465,7 +467,7 @@ func writeFull(fd int, b []byte) error {
 func (s *server) launchWarm(req *Request, code *File, wrote bool) (*child, error) {
 	w := s.warmed
 	s.warmed = nil
-	if w.shell {
+	if w.shell() {
 		return s.launchShell(w, req)
 	}
 	outDir := ""
@@ -528,7 +530,7 @@ const shellMessageSize = 24
 // message is the line text as w reads it: padded to shellMessageSize for
 // the warm shell.
 func (w *warmProgram) message(text string) []byte {
-	if !w.shell {
+	if !w.shell() {
 		return []byte(text + "\n")
 	}
 	return fmt.Appendf(nil, "%-*s\n", shellMessageSize-1, text)
@@ -551,7 +553,7 @@ func (w *warmProgram) child() *child {
 // cold `node` reads "type": "module" and loads an ES module.
 func (w *warmProgram) serves(req *Request) bool {
 	switch {
-	case w.shell:
+	case w.shell():
 		return slices.Equal(w.argv, req.Argv) && slices.Equal(w.env, req.Env)
 	case w.kind == "node":
 		return len(req.Install) == 0 && !slices.ContainsFunc(req.Files, func(f File) bool {

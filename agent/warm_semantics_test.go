@@ -105,9 +105,9 @@ func TestWarmNodeEndsAsCold(t *testing.T) {
 // TestWarmNodeLoadsAsCold checks that the warm Node loads its main module
 // as `node main.js` does, whether it compiles the bytes it wrote or lets the
 // loader read the file: the module's identity and paths, a package.json
-// that makes the file an ES module (the agent wrote another file, so the
-// driver must leave the file to the loader), ES module syntax, a byte order
-// mark and bytes that are not UTF-8.
+// that makes the file an ES module (the warm Node does not serve such a
+// run: the program starts cold), ES module syntax, a byte order mark and
+// bytes that are not UTF-8.
 func TestWarmNodeLoadsAsCold(t *testing.T) {
 	identity := "const path = require('path');\n" +
 		"console.log(require.main === module, module.id, module.loaded, module.parent, path.basename(__filename), __filename === process.argv[1],\n" +
