@@ -58,6 +58,8 @@ func warmArgv(kind string) ([]string, error) {
 // runMessage). It answers in lines on its fd 4: "ready" once its preloads
 // are imported, "primed", and "fail MESSAGE" if it cannot start the run;
 // it closes both before the program runs, which then has only its stdio.
+// The warm shell (see warmBash) reads its messages on its stdin instead
+// and answers on its fd 3 (see commands).
 type warmProgram struct {
 	// kind is the interpreter: "python", "node" or "bash" (see shell).
 	kind string
@@ -74,8 +76,8 @@ type warmProgram struct {
 	// is busy and up to 0.1-0.5 ms on one that waited idle in the pool.
 	pidfd   int
 	comm    int
-	cmd     int    // fd 3 of the driver: its commands (blocking)
-	status  int    // fd 4 of the driver: its answers (non-blocking)
+	cmd     int    // fd 3 of the driver: its commands (blocking); -1 for the shell
+	status  int    // fd 4 of the driver (the shell's 3): its answers (non-blocking)
 	pending []byte // read from status past the last answer
 	stdin   int    // the agent's ends of its stdio (stdin's blocks)
 	stdout  int
@@ -112,7 +114,7 @@ func (s *server) warm(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w, err := s.startWarm(argv, append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...))
+	w, err := s.startWarm(argv, append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...), false)
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
@@ -160,8 +162,13 @@ func (s *server) warmUpBash(req *Request) *Exit {
 	return &Exit{Duration: time.Since(start)}
 }
 
-// startWarm starts the driver with its five descriptors.
-func (s *server) startWarm(argv, env []string) (*warmProgram, error) {
+// startWarm starts the driver with its five descriptors: stdin, stdout,
+// stderr, the command pipe (3) and the status pipe (4). A shell (warmBash)
+// has four: its messages come on its stdin, ahead of the run's input, and
+// its status pipe is 3. Every descriptor beyond the stdio is one more for
+// the hook to close before the script runs, and Bash closes one with five
+// system calls (it saves a copy of it first, then closes both).
+func (s *server) startWarm(argv, env []string, shell bool) (*warmProgram, error) {
 	path, err := lookPath(argv[0])
 	if err != nil {
 		return nil, err
@@ -187,11 +194,13 @@ func (s *server) startWarm(argv, env []string) (*warmProgram, error) {
 		return fail(err)
 	}
 	childFDs = append(childFDs, errW)
-	if err = unix.Pipe2(cmd[:], unix.O_CLOEXEC); err != nil {
-		return fail(err)
+	if !shell {
+		if err = unix.Pipe2(cmd[:], unix.O_CLOEXEC); err != nil {
+			return fail(err)
+		}
+		w.cmd = cmd[1]
+		childFDs = append(childFDs, cmd[0])
 	}
-	w.cmd = cmd[1]
-	childFDs = append(childFDs, cmd[0])
 	if w.status, statW, err = pipe(); err != nil {
 		return fail(err)
 	}
@@ -240,7 +249,7 @@ func (s *server) warmBash(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: "write the warm bash's start-up file: " + err.Error()}
 	}
-	w, err := s.startWarm(req.Argv, append(slices.Clip(req.Env), "BASH_ENV="+hook.Name()))
+	w, err := s.startWarm(req.Argv, append(slices.Clip(req.Env), "BASH_ENV="+hook.Name()), true)
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
@@ -282,6 +291,16 @@ func hookable(env []string) bool {
 // the script itself.
 func (w *warmProgram) shell() bool { return w.kind == "bash" }
 
+// commands is the descriptor w's messages are written to: the shell's
+// stdin, whose hook reads each message whole (shellMessageSize) and leaves
+// what follows to the script, else the command pipe.
+func (w *warmProgram) commands() int {
+	if w.shell() {
+		return w.stdin
+	}
+	return w.cmd
+}
+
 // kill ends the warm program's process group and closes the agent's ends
 // of its descriptors.
 func (w *warmProgram) kill() {
@@ -300,7 +319,7 @@ func (w *warmProgram) close() {
 func (s *server) prime(timeout time.Duration) *Exit {
 	start := time.Now()
 	w := s.warmed
-	if err := writeFull(w.cmd, w.message("prime 0")); err != nil {
+	if err := writeFull(w.commands(), w.message("prime 0")); err != nil {
 		return &Exit{Code: -1, Error: "prime the warm interpreter: " + err.Error()}
 	}
 	if err := w.await("primed", timeout); err != nil {
@@ -512,7 +531,7 @@ func (s *server) launchShell(w *warmProgram, req *Request) (*child, error) {
 	// (EPIPE) and its exit tells the rest. Stdin after, as in launchWarm.
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
-	_ = writeFull(w.cmd, w.message(fmt.Sprintf("run 0 %d", binary.LittleEndian.Uint32(seed[:])>>1)))
+	_ = writeFull(w.commands(), w.message(fmt.Sprintf("run 0 %d", binary.LittleEndian.Uint32(seed[:])>>1)))
 	feedStdin(w.stdin, req.Stdin)
 	return c, nil
 }

@@ -7,16 +7,19 @@
 # sourced by another one. The agent removes this file once the shell has
 # read it (at "ready").
 #
-# Protocol (see warmProgram in agent/warm.go): it writes "ready" to fd 4,
-# then reads lines on fd 3, each padded with spaces to 24 bytes (see
-# shellMessageSize) so that one read takes it: "prime 0" is answered
-# "primed"; "run 0 SEED" says that the agent has written the script. It
-# then closes fds 3 and 4, removes every trace of itself a script could
+# Protocol (see warmProgram in agent/warm.go): it writes "ready" to fd 3,
+# then reads messages on its stdin, each a line padded with spaces to 24
+# bytes (see shellMessageSize) so that one read takes it whole and nothing
+# after it: "prime 0" is answered "primed"; "run 0 SEED" says that the
+# agent has written the script, and what follows it on stdin is the run's
+# own input. It then closes fd 3 (the one descriptor beyond the stdio, as a
+# cold shell has none; Bash's closing of each costs five system calls, and
+# `read -u 3` or `<&3` more), removes every trace of itself a script could
 # see — its variables, BASH_ENV, the start of SECONDS, the value of $_ —
 # reseeds RANDOM with the agent's SEED, drawn from the kernel for the run (a
 # shell started before a checkpoint would otherwise share its seed with
 # every sandbox restored from it), and returns, and Bash runs the script.
-# Anything else, or the end of fd 3, exits: there is nothing to run.
+# Anything else, or the end of stdin, exits: there is nothing to run.
 #
 # What stays visible: the shell's start time, its exec-time environment in
 # /proc/$$/environ (BASH_ENV included), and, in a listing of all variables
@@ -26,20 +29,20 @@
 #
 # The agent appends the last line, `: VALUE`, which leaves in $_ what a
 # cold shell starts with.
-echo ready >&4
-while read -r -N 24 __safe_run_msg <&3; do
+echo ready >&3
+while read -r -N 24 __safe_run_msg; do
 	__safe_run_cmd=${__safe_run_msg%% *}
 	__safe_run_seed=${__safe_run_msg#* }
 	__safe_run_seed=${__safe_run_seed#* }
 	__safe_run_seed=${__safe_run_seed%% *}
 	case $__safe_run_cmd in
-	prime) echo primed >&4 ;;
+	prime) echo primed >&3 ;;
 	run) break ;;
 	*) exit 0 ;;
 	esac
 done
 [ "$__safe_run_cmd" = run ] || exit 0
-exec 3<&- 4>&-
+exec 3>&-
 RANDOM=$__safe_run_seed
 unset -v __safe_run_msg __safe_run_cmd __safe_run_seed BASH_ENV
 SECONDS=0
