@@ -114,11 +114,10 @@ func (s *server) warm(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w, err := s.startWarm(argv, append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...), false)
+	w, err := s.startWarm(req.Interpreter, argv, append([]string{"SAFE_RUN_PRELOAD=" + strings.Join(req.Preload, ",")}, req.Env...))
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w.kind = req.Interpreter
 	if w.comm, err = unix.Open("/proc/"+strconv.Itoa(w.pid)+"/comm", unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
 		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("watch the warm %s interpreter: %v", req.Interpreter, err)}
@@ -162,18 +161,18 @@ func (s *server) warmUpBash(req *Request) *Exit {
 	return &Exit{Duration: time.Since(start)}
 }
 
-// startWarm starts the driver with its five descriptors: stdin, stdout,
-// stderr, the command pipe (3) and the status pipe (4). A shell (warmBash)
-// has four: its messages come on its stdin, ahead of the run's input, and
-// its status pipe is 3. Every descriptor beyond the stdio is one more for
-// the hook to close before the script runs, and Bash closes one with five
-// system calls (it saves a copy of it first, then closes both).
-func (s *server) startWarm(argv, env []string, shell bool) (*warmProgram, error) {
+// startWarm starts the driver of kind with its five descriptors: stdin,
+// stdout, stderr, the command pipe (3) and the status pipe (4). The shell
+// (warmBash) has four: its messages come on its stdin, ahead of the run's
+// input, and its status pipe is 3. Every descriptor beyond the stdio is one
+// more for the hook to close before the script runs, and Bash closes one
+// with six system calls (it saves a copy of it first, then closes both).
+func (s *server) startWarm(kind string, argv, env []string) (*warmProgram, error) {
 	path, err := lookPath(argv[0])
 	if err != nil {
 		return nil, err
 	}
-	w := &warmProgram{pidfd: -1, comm: -1, cmd: -1, status: -1, stdin: -1, stdout: -1, stderr: -1}
+	w := &warmProgram{kind: kind, pidfd: -1, comm: -1, cmd: -1, status: -1, stdin: -1, stdout: -1, stderr: -1}
 	var inR, outW, errW, statW int
 	var cmd [2]int
 	var childFDs []int
@@ -194,7 +193,7 @@ func (s *server) startWarm(argv, env []string, shell bool) (*warmProgram, error)
 		return fail(err)
 	}
 	childFDs = append(childFDs, errW)
-	if !shell {
+	if !w.shell() {
 		if err = unix.Pipe2(cmd[:], unix.O_CLOEXEC); err != nil {
 			return fail(err)
 		}
@@ -249,11 +248,11 @@ func (s *server) warmBash(req *Request) *Exit {
 	if err != nil {
 		return &Exit{Code: -1, Error: "write the warm bash's start-up file: " + err.Error()}
 	}
-	w, err := s.startWarm(req.Argv, append(slices.Clip(req.Env), "BASH_ENV="+hook.Name()), true)
+	w, err := s.startWarm("bash", req.Argv, append(slices.Clip(req.Env), "BASH_ENV="+hook.Name()))
 	if err != nil {
 		return &Exit{Code: -1, Error: err.Error()}
 	}
-	w.kind, w.argv, w.env = "bash", slices.Clone(req.Argv), slices.Clone(req.Env)
+	w.argv, w.env = slices.Clone(req.Argv), slices.Clone(req.Env)
 	if err := w.await("ready", req.Timeout); err != nil {
 		w.kill()
 		return &Exit{Code: -1, Error: fmt.Sprintf("the warm bash %v", err), Duration: time.Since(start)}

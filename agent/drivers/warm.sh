@@ -13,7 +13,7 @@
 # after it: "prime 0" is answered "primed"; "run 0 SEED" says that the
 # agent has written the script, and what follows it on stdin is the run's
 # own input. It then closes fd 3 (the one descriptor beyond the stdio, as a
-# cold shell has none; Bash's closing of each costs five system calls, and
+# cold shell has none; Bash's closing of each costs six system calls, and
 # `read -u 3` or `<&3` more), removes every trace of itself a script could
 # see — its variables, BASH_ENV, the start of SECONDS, the value of $_ —
 # reseeds RANDOM with the agent's SEED, drawn from the kernel for the run (a
