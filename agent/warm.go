@@ -22,7 +22,8 @@ import (
 )
 
 // The warm drivers pre-start an interpreter for a pooled sandbox; each waits
-// on fd 3 for the argv of the one run it serves.
+// on fd 3 (the warm shell on its stdin) for the argv of the one run it
+// serves.
 var (
 	//go:embed drivers/warm.py
 	warmPythonDriver string
@@ -527,7 +528,8 @@ func (s *server) launchShell(w *warmProgram, req *Request) (*child, error) {
 	// own was drawn at its start, which every sandbox restored from one
 	// checkpoint would share (Bash sandboxes are not checkpointed today;
 	// see engine's checkpointable). If the shell died, the write fails
-	// (EPIPE) and its exit tells the rest. Stdin after, as in launchWarm.
+	// (EPIPE) and its exit tells the rest. Stdin after, in the same pipe:
+	// the hook reads the message whole and leaves the rest to the script.
 	var seed [4]byte
 	_, _ = rand.Read(seed[:])
 	_ = writeFull(w.commands(), w.message(fmt.Sprintf("run 0 %d", binary.LittleEndian.Uint32(seed[:])>>1)))
