@@ -13,7 +13,7 @@ TEST_ENV := SAFE_RUN_INTEGRATION=1 \
 	SAFE_RUN_AGENT=$(CURDIR)/bin/safe-run-agent \
 	SAFE_RUN_NET_HELPER=$(CURDIR)/bin/safe-run-net
 
-.PHONY: all build runsc rootfs deps demo install test test-unit test-security test-rootless test-cgroup-v2 test-service test-kubernetes test-kubernetes-cluster install-service uninstall-service verify-service soak vet bench bench-quick bench-check bench-monitor fuzz clean
+.PHONY: all build runsc rootfs deps demo install test test-build test-unit test-security test-rootless test-cgroup-v2 test-service test-kubernetes test-kubernetes-cluster install-service uninstall-service verify-service soak vet bench bench-quick bench-check bench-monitor fuzz clean
 
 # Where `make install` puts safe-run, the agent, the network helper, the shim
 # and runsc, side by side (safe-run looks for the others next to itself).
@@ -97,12 +97,17 @@ test-unit:
 # against the built server. runsc and the default image are made side by
 # side: runsc's compilation takes both CPUs for minutes, the image's build
 # mostly the network and the disk (it needs bin/safe-run first).
-test: deps
-	$(MAKE) --no-print-directory bin/safe-run
-	$(MAKE) --no-print-directory -j2 runsc rootfs
+test: test-build
 	$(MAKE) --no-print-directory build vet
 	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 60m ./...
 	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
+
+# What make test builds before anything else: bin/safe-run (the image's
+# build needs it), then runsc beside the default image. CI runs it as a step
+# of its own to start the control plane's build once it is done.
+test-build: deps
+	$(MAKE) --no-print-directory bin/safe-run
+	$(MAKE) --no-print-directory -j2 runsc rootfs
 
 # The kubernetes backend against a real control plane: etcd, kube-apiserver,
 # kube-scheduler, kube-controller-manager, kwok (a fake node whose pods/exec
