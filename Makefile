@@ -94,17 +94,17 @@ test-unit:
 # tests against the real runsc and the default image, one package at a time
 # so that timing-sensitive checks do not compete for the two CPUs; then
 # independent MCP clients (the MCP Inspector and the conformance suite)
-# against the built server. runsc and the default image are made side by
-# side: runsc's compilation takes both CPUs for minutes, the image's build
-# mostly the network and the disk (it needs bin/safe-run first).
+# against the built server.
 test: test-build
 	$(MAKE) --no-print-directory build vet
 	$(TEST_ENV) $(GO) test -count=1 -p 1 -timeout 60m ./...
 	scripts/mcp-clients.sh $(CURDIR)/bin/safe-run
 
 # What make test builds before anything else: bin/safe-run (the image's
-# build needs it), then runsc beside the default image. CI runs it as a step
-# of its own to start the control plane's build once it is done.
+# build needs it), then runsc beside the default image: runsc's compilation
+# takes both CPUs for minutes, the image's build mostly the network and the
+# disk. CI runs it as a step of its own to start the control plane's build
+# once it is done.
 test-build: deps
 	$(MAKE) --no-print-directory bin/safe-run
 	$(MAKE) --no-print-directory -j2 runsc rootfs

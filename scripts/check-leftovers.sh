@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # check-leftovers.sh — fail if any safe-run sandbox left something on this
 # host: a runsc process, a network helper (safe-run-net), a process of the
-# kubernetes tests' control plane, a run's cgroup, a
+# kubernetes tests' control plane, a run's cgroup (or CI's idle one), a
 # mount (the null or the per-sandbox network namespace), a sandbox link's
 # address in the host's network namespace, a per-run state directory, or a
 # monitor's socket directory in the temporary directory (made where the
@@ -29,7 +29,7 @@ while read -r line; do
 done < <(ip -o addr show 2>/dev/null | grep -E ' inet 198\.1[89]\.' || true)
 while read -r dir; do
 	report "cgroup $dir"
-done < <(find /sys/fs/cgroup -maxdepth 8 -type d -name 'safe-run-*' 2>/dev/null)
+done < <(find /sys/fs/cgroup -maxdepth 8 -type d \( -name 'safe-run-*' -o -name 'ci-idle.*' \) 2>/dev/null)
 while read -r line; do
 	report "mount $line"
 done < <(grep -E 'safe-run-[0-9a-f]{8}-' /proc/self/mountinfo || true)
