@@ -16,10 +16,12 @@
 // exits; otherwise it waits for the next Request, so a later caller can keep
 // one sandbox for many runs.
 //
-// Everything inside the sandbox, the agent included, runs as the same
-// unprivileged user as the untrusted code and could be subverted by it. The
-// host therefore treats every Event as untrusted input: it bounds sizes,
-// validates fields and keeps its own deadline.
+// The agent runs as root inside gVisor (never on the host) with the few
+// capabilities of bundle.AgentCapabilities, the program as another,
+// unprivileged user that can neither signal nor trace it. Still, the agent
+// shares a sandbox with untrusted code and might be subverted by it, so the
+// host treats every Event as untrusted input: it bounds sizes, validates
+// fields and keeps its own deadline.
 package agent
 
 import "time"
